@@ -1,0 +1,551 @@
+//! The streaming request function: one OpenAI-compatible request, measured as
+//! `vllm bench serve` measures it (`vllm/benchmarks/lib/endpoint_request_func.py`).
+//!
+//! Timestamps are taken once per body read, like vLLM's `time.perf_counter()` per received chunk:
+//! SSE events that arrive in one read share a timestamp. Every failure becomes a
+//! [`RequestRecord`] with a [`FailureKind`] and a message; nothing here panics or hangs past the
+//! request's time limit.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::record::{FailureKind, RequestRecord};
+use super::sse::SseDecoder;
+
+/// Which OpenAI API the requests use.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    /// `/v1/completions` with a `prompt`.
+    Openai,
+    /// `/v1/chat/completions` with one user message.
+    #[value(name = "openai-chat")]
+    OpenaiChat,
+}
+
+impl Backend {
+    pub fn default_endpoint(self) -> &'static str {
+        match self {
+            Backend::Openai => "/v1/completions",
+            Backend::OpenaiChat => "/v1/chat/completions",
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Openai => "openai",
+            Backend::OpenaiChat => "openai-chat",
+        }
+    }
+}
+
+/// The request field that carries the output length. Engines differ: vLLM's completions API
+/// takes `max_tokens`, its chat API `max_completion_tokens`; older servers know only `max_tokens`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum MaxTokensField {
+    #[value(name = "max_tokens")]
+    MaxTokens,
+    #[value(name = "max_completion_tokens")]
+    MaxCompletionTokens,
+    /// Send both (harmless for servers that accept either).
+    Both,
+}
+
+/// Everything about a request that is the same for the whole run.
+#[derive(Debug, Clone)]
+pub struct RequestTemplate {
+    pub url: String,
+    pub backend: Backend,
+    pub model: String,
+    pub max_tokens_field: MaxTokensField,
+    pub ignore_eos: bool,
+    pub temperature: Option<f64>,
+    /// Extra top-level body fields (`--extra-body`), merged last.
+    pub extra_body: Map<String, Value>,
+    /// `Authorization: Bearer ...`, from `OPENAI_API_KEY` as vLLM does.
+    pub api_key: Option<String>,
+    pub timeout: Duration,
+    /// Keep the generated text in the record (for `--save-detailed` and tokenizer fallback).
+    pub keep_text: bool,
+}
+
+impl RequestTemplate {
+    /// The JSON body for one prompt.
+    pub fn body(&self, prompt: &str, output_len: u64) -> Vec<u8> {
+        let mut m = Map::new();
+        m.insert("model".into(), Value::String(self.model.clone()));
+        match self.backend {
+            Backend::Openai => {
+                m.insert("prompt".into(), Value::String(prompt.to_owned()));
+                m.insert("repetition_penalty".into(), Value::from(1.0));
+            }
+            Backend::OpenaiChat => {
+                m.insert(
+                    "messages".into(),
+                    serde_json::json!([{ "role": "user", "content": prompt }]),
+                );
+            }
+        }
+        if let Some(t) = self.temperature {
+            m.insert("temperature".into(), Value::from(t));
+        } else if self.backend == Backend::OpenaiChat {
+            m.insert("temperature".into(), Value::from(0.0));
+        }
+        let n = Value::from(output_len);
+        match self.max_tokens_field {
+            MaxTokensField::MaxTokens => {
+                m.insert("max_tokens".into(), n);
+            }
+            MaxTokensField::MaxCompletionTokens => {
+                m.insert("max_completion_tokens".into(), n);
+            }
+            MaxTokensField::Both => {
+                m.insert("max_tokens".into(), n.clone());
+                m.insert("max_completion_tokens".into(), n);
+            }
+        }
+        m.insert("stream".into(), Value::Bool(true));
+        m.insert(
+            "stream_options".into(),
+            serde_json::json!({ "include_usage": true }),
+        );
+        if self.ignore_eos {
+            m.insert("ignore_eos".into(), Value::Bool(true));
+        }
+        for (k, v) in &self.extra_body {
+            m.insert(k.clone(), v.clone());
+        }
+        serde_json::to_vec(&Value::Object(m)).expect("a JSON map always serialises")
+    }
+}
+
+/// Lets the runner cancel requests in flight (early abort).
+#[derive(Debug, Default)]
+pub struct AbortSignal {
+    flag: std::sync::atomic::AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl AbortSignal {
+    pub fn abort(&self) {
+        self.flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+    pub fn is_aborted(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    pub async fn wait(&self) {
+        loop {
+            let n = self.notify.notified();
+            if self.is_aborted() {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// Builds the HTTP client used for every request of a run: HTTP/1.1, unlimited idle keep-alive
+/// connections (servers that close after each response are reconnected transparently).
+pub fn http_client(max_connections_hint: usize) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .http1_only()
+        .pool_max_idle_per_host(max_connections_hint.max(1))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(30))
+        .build()
+}
+
+#[derive(Deserialize)]
+struct StreamChunk<'a> {
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+/// State of one response while its events arrive.
+struct StreamState {
+    rec: RequestRecord,
+    text: String,
+    got_choice: bool,
+    last_ts: f64,
+    done: bool,
+    finished: bool,
+    error: Option<(FailureKind, String)>,
+    reads_text_events: u32,
+}
+
+impl StreamState {
+    fn on_event(&mut self, data: &str, ts: f64) {
+        if self.error.is_some() || self.done {
+            return;
+        }
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return;
+        }
+        if data.is_empty() {
+            return;
+        }
+        let chunk: StreamChunk = match serde_json::from_str(data) {
+            Ok(c) => c,
+            Err(e) => {
+                self.error = Some((
+                    FailureKind::MalformedStream,
+                    format!("event is not valid JSON ({e}): {}", excerpt(data)),
+                ));
+                return;
+            }
+        };
+        if let Some(err) = chunk.error {
+            self.error = Some((
+                FailureKind::ServerError,
+                format!("server error in stream: {}", excerpt(&err.to_string())),
+            ));
+            return;
+        }
+        if let Some(u) = chunk.usage {
+            if u.prompt_tokens.is_some() {
+                self.rec.server_prompt_tokens = u.prompt_tokens;
+            }
+            if u.completion_tokens.is_some() {
+                self.rec.server_output_tokens = u.completion_tokens;
+            }
+        }
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            return;
+        };
+        if choice.finish_reason.is_some() {
+            self.finished = true;
+        }
+        if !self.got_choice {
+            self.got_choice = true;
+            self.rec.ttft_s = ts;
+        } else {
+            self.rec.itl_s.push(ts - self.last_ts);
+        }
+        self.last_ts = ts;
+        let piece = match (choice.text, choice.delta) {
+            (Some(t), _) => Some(t),
+            (None, Some(d)) => d.content.or(d.reasoning_content).or(d.reasoning),
+            (None, None) => None,
+        };
+        if let Some(p) = piece.filter(|p| !p.is_empty()) {
+            self.text.push_str(&p);
+            self.reads_text_events += 1;
+        }
+    }
+
+    /// Closes the read that just ended: remember when text arrived and how much.
+    fn end_read(&mut self, ts: f64) {
+        if self.reads_text_events > 0 {
+            self.rec.text_reads.push((ts, self.reads_text_events));
+            self.reads_text_events = 0;
+        }
+    }
+}
+
+fn excerpt(s: &str) -> String {
+    const MAX: usize = 300;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// Error text with its causes, as one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// Sends one request and measures it. `bench_start` anchors `start_s`.
+pub async fn send_request(
+    client: &reqwest::Client,
+    tpl: &RequestTemplate,
+    body: Vec<u8>,
+    bench_start: Instant,
+    abort: &Arc<AbortSignal>,
+) -> RequestRecord {
+    let st = Instant::now();
+    let mut state = StreamState {
+        rec: RequestRecord {
+            start_s: st.duration_since(bench_start).as_secs_f64(),
+            ..Default::default()
+        },
+        text: String::new(),
+        got_choice: false,
+        last_ts: 0.0,
+        done: false,
+        finished: false,
+        error: None,
+        reads_text_events: 0,
+    };
+    let work = run_stream(client, tpl, body, st, &mut state);
+    let outcome = tokio::select! {
+        r = tokio::time::timeout(tpl.timeout, work) => match r {
+            Ok(r) => r,
+            Err(_) => Err((FailureKind::Timeout, format!("no complete response within {:.1} s", tpl.timeout.as_secs_f64()))),
+        },
+        _ = abort.wait() => Err((FailureKind::Aborted, "run aborted while the request was in flight".to_owned())),
+    };
+    let mut rec = std::mem::take(&mut state.rec);
+    // vLLM: latency ends at the last event with `choices` (the usage chunk and [DONE] that may
+    // follow do not count); a failed request's latency is the time until it failed.
+    rec.latency_s = if state.got_choice && outcome.is_ok() && state.error.is_none() {
+        state.last_ts
+    } else {
+        st.elapsed().as_secs_f64()
+    };
+    let outcome = outcome.and_then(|()| match state.error.take() {
+        Some(e) => Err(e),
+        None if !state.got_choice => Err((
+            FailureKind::NoContent,
+            "Never received a valid chunk to calculate TTFT.".to_owned(),
+        )),
+        None if !state.done && !state.finished => Err((
+            FailureKind::StreamInterrupted,
+            "stream ended before [DONE] and without a finish_reason".to_owned(),
+        )),
+        None => Ok(()),
+    });
+    match outcome {
+        Ok(()) => {
+            rec.success = true;
+            rec.output_tokens = rec.server_output_tokens.unwrap_or(0);
+        }
+        Err((kind, msg)) => {
+            rec.success = false;
+            rec.failure = Some(kind);
+            rec.error = msg;
+        }
+    }
+    if tpl.keep_text || (rec.success && rec.server_output_tokens.is_none()) {
+        rec.generated_text = Some(std::mem::take(&mut state.text));
+    }
+    rec
+}
+
+async fn run_stream(
+    client: &reqwest::Client,
+    tpl: &RequestTemplate,
+    body: Vec<u8>,
+    st: Instant,
+    state: &mut StreamState,
+) -> Result<(), (FailureKind, String)> {
+    let mut req = client
+        .post(&tpl.url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(k) = &tpl.api_key {
+        req = req.bearer_auth(k);
+    }
+    let mut resp = req.send().await.map_err(|e| {
+        let kind = if e.is_connect() {
+            FailureKind::Connect
+        } else if e.is_timeout() {
+            FailureKind::Timeout
+        } else {
+            FailureKind::StreamInterrupted
+        };
+        (kind, error_chain(&e))
+    })?;
+    let status = resp.status();
+    if status != reqwest::StatusCode::OK {
+        let text = tokio::time::timeout(Duration::from_secs(5), resp.text())
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .unwrap_or_default();
+        return Err((
+            FailureKind::HttpStatus,
+            format!("HTTP {}: {}", status.as_u16(), excerpt(text.trim())),
+        ));
+    }
+    let mut decoder = SseDecoder::new();
+    loop {
+        let chunk = resp.chunk().await.map_err(|e| {
+            (
+                FailureKind::StreamInterrupted,
+                format!("stream interrupted: {}", error_chain(&e)),
+            )
+        })?;
+        let Some(bytes) = chunk else { break };
+        let ts = st.elapsed().as_secs_f64();
+        decoder
+            .feed(&bytes, |ev| state.on_event(ev, ts))
+            .map_err(|e| (FailureKind::MalformedStream, e.to_string()))?;
+        state.end_read(ts);
+        if state.error.is_some() || state.done {
+            break;
+        }
+    }
+    let ts = st.elapsed().as_secs_f64();
+    decoder
+        .finish(|ev| state.on_event(ev, ts))
+        .map_err(|e| (FailureKind::MalformedStream, e.to_string()))?;
+    state.end_read(ts);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tpl(backend: Backend) -> RequestTemplate {
+        RequestTemplate {
+            url: "http://127.0.0.1:1/v1/completions".into(),
+            backend,
+            model: "m".into(),
+            max_tokens_field: MaxTokensField::MaxTokens,
+            ignore_eos: true,
+            temperature: None,
+            extra_body: Map::new(),
+            api_key: None,
+            timeout: Duration::from_secs(1),
+            keep_text: false,
+        }
+    }
+
+    #[test]
+    fn completions_body_has_vllm_fields() {
+        let b: Value = serde_json::from_slice(&tpl(Backend::Openai).body("hi", 7)).unwrap();
+        assert_eq!(b["prompt"], "hi");
+        assert_eq!(b["max_tokens"], 7);
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert_eq!(b["ignore_eos"], true);
+        assert!(b.get("messages").is_none());
+    }
+
+    #[test]
+    fn chat_body_and_max_completion_tokens() {
+        let mut t = tpl(Backend::OpenaiChat);
+        t.max_tokens_field = MaxTokensField::MaxCompletionTokens;
+        t.ignore_eos = false;
+        t.extra_body.insert("top_k".into(), Value::from(5));
+        let b: Value = serde_json::from_slice(&t.body("hi", 3)).unwrap();
+        assert_eq!(b["messages"][0]["content"], "hi");
+        assert_eq!(b["max_completion_tokens"], 3);
+        assert!(b.get("max_tokens").is_none());
+        assert!(b.get("ignore_eos").is_none());
+        assert_eq!(b["top_k"], 5);
+    }
+
+    fn state() -> StreamState {
+        StreamState {
+            rec: RequestRecord::default(),
+            text: String::new(),
+            got_choice: false,
+            last_ts: 0.0,
+            done: false,
+            finished: false,
+            error: None,
+            reads_text_events: 0,
+        }
+    }
+
+    #[test]
+    fn events_in_one_read_share_a_timestamp_like_vllm() {
+        let mut s = state();
+        s.on_event(r#"{"choices":[{"text":"a"}]}"#, 0.5);
+        s.end_read(0.5);
+        s.on_event(r#"{"choices":[{"text":"b"}]}"#, 0.6);
+        s.on_event(r#"{"choices":[{"text":"c"}]}"#, 0.6);
+        s.end_read(0.6);
+        s.on_event(
+            r#"{"choices":[{"text":"","finish_reason":"length"}],"usage":{"prompt_tokens":4,"completion_tokens":3}}"#,
+            0.7,
+        );
+        s.end_read(0.7);
+        s.on_event("[DONE]", 0.7);
+        assert_eq!(s.rec.ttft_s, 0.5);
+        assert_eq!(s.rec.itl_s.len(), 3);
+        assert!((s.rec.itl_s[0] - 0.1).abs() < 1e-12);
+        assert_eq!(s.rec.itl_s[1], 0.0);
+        assert_eq!(s.rec.text_reads, vec![(0.5, 1), (0.6, 2)]);
+        assert_eq!(s.rec.server_output_tokens, Some(3));
+        assert_eq!(s.rec.server_prompt_tokens, Some(4));
+        assert_eq!(s.text, "abc");
+        assert!(s.done && s.finished);
+    }
+
+    #[test]
+    fn chat_deltas_and_usage_only_chunk() {
+        let mut s = state();
+        s.on_event(r#"{"choices":[{"delta":{"role":"assistant"}}]}"#, 0.2);
+        s.on_event(r#"{"choices":[{"delta":{"content":"x\"y"}}]}"#, 0.3);
+        s.on_event(r#"{"choices":[],"usage":{"completion_tokens":2}}"#, 0.4);
+        assert_eq!(
+            s.rec.ttft_s, 0.2,
+            "vLLM counts the first chunk with choices"
+        );
+        assert_eq!(s.text, "x\"y");
+        assert_eq!(s.rec.server_output_tokens, Some(2));
+        assert_eq!(s.rec.itl_s.len(), 1);
+    }
+
+    #[test]
+    fn malformed_and_error_events_fail_the_request() {
+        let mut s = state();
+        s.on_event("{not json", 0.1);
+        assert_eq!(s.error.as_ref().unwrap().0, FailureKind::MalformedStream);
+        let mut s = state();
+        s.on_event(r#"{"error":{"message":"boom","code":500}}"#, 0.1);
+        assert_eq!(s.error.as_ref().unwrap().0, FailureKind::ServerError);
+    }
+}

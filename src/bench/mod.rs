@@ -1,0 +1,335 @@
+//! The load generator: datasets → arrivals → streaming requests → per-request records →
+//! a summary identical to `vllm bench serve`'s, with an early-abort policy evaluated while the
+//! records arrive. It never launches processes (that is `engine`'s job).
+
+pub mod abort;
+pub mod args;
+pub mod arrival;
+pub mod client;
+pub mod dataset;
+pub mod metrics;
+pub mod output;
+pub mod progress;
+pub mod record;
+pub mod sse;
+pub mod stats;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::{mpsc, Semaphore};
+
+use abort::{AbortMonitor, AbortPolicy};
+use client::{AbortSignal, RequestTemplate};
+use dataset::SampleRequest;
+use metrics::{Summary, SummaryConfig};
+use record::{FailureKind, RequestRecord};
+
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Error)]
+pub enum BenchError {
+    #[error("invalid benchmark setting: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Dataset(#[from] dataset::DatasetError),
+    #[error("cannot create the HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+    #[error("cannot write results to {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How requests are released.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadShape {
+    /// Requests per second; infinity sends everything at once (subject to concurrency).
+    pub request_rate: f64,
+    pub burstiness: f64,
+    /// At most this many requests in flight (vLLM's semaphore).
+    pub max_concurrency: Option<usize>,
+    /// Closed loop: `max_concurrency` workers each send their next request as soon as the
+    /// previous one finished (the arrival schedule is not used).
+    pub closed_loop: bool,
+    pub num_warmups: usize,
+    pub seed: u64,
+}
+
+/// A fully prepared run.
+pub struct BenchPlan {
+    pub template: RequestTemplate,
+    pub requests: Vec<SampleRequest>,
+    pub shape: LoadShape,
+    pub summary: SummaryConfig,
+    pub abort: AbortPolicy,
+    /// Counts output tokens when the server sends no usage.
+    pub tokenizer: Option<Tokenizer>,
+    pub progress: bool,
+    pub label: String,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchOutcome {
+    /// Every record in dataset order, warm-ups first.
+    pub records: Vec<RequestRecord>,
+    pub summary: Summary,
+    /// Why the run stopped early, if it did.
+    pub aborted: Option<String>,
+    /// Requests that were never sent because the run was aborted.
+    pub not_sent: usize,
+}
+
+/// Runs the plan against the server.
+pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
+    let shape = &plan.shape;
+    if shape.closed_loop && shape.max_concurrency.is_none() {
+        return Err(BenchError::Config(
+            "--closed-loop needs --max-concurrency (the number of workers)".into(),
+        ));
+    }
+    if shape.closed_loop && shape.request_rate.is_finite() {
+        return Err(BenchError::Config(
+            "--closed-loop sends as fast as the workers finish; --request-rate must be inf".into(),
+        ));
+    }
+    let conc = shape.max_concurrency.unwrap_or(plan.requests.len().max(1));
+    let http = client::http_client(conc)?;
+    let tpl = Arc::new(plan.template.clone());
+    let abort = Arc::new(AbortSignal::default());
+    let sem = shape.max_concurrency.map(|c| Arc::new(Semaphore::new(c)));
+
+    // Warm-up: copies of the first prompt, sent at once under the same concurrency limit.
+    let mut warm_records = Vec::new();
+    if shape.num_warmups > 0 && !plan.requests.is_empty() {
+        let first = &plan.requests[0];
+        let mut tasks = Vec::new();
+        for _ in 0..shape.num_warmups {
+            let (http, tpl, abort, sem) = (http.clone(), tpl.clone(), abort.clone(), sem.clone());
+            let body = tpl.body(&first.prompt, first.expected_output_len);
+            tasks.push(tokio::spawn(async move {
+                let _permit = match &sem {
+                    Some(s) => Some(s.clone().acquire_owned().await.expect("never closed")),
+                    None => None,
+                };
+                client::send_request(&http, &tpl, body, Instant::now(), &abort).await
+            }));
+        }
+        for t in tasks {
+            if let Ok(mut r) = t.await {
+                r.warmup = true;
+                warm_records.push(r);
+            }
+        }
+    }
+
+    let total = plan.requests.len();
+    let counters = Arc::new(progress::Counters::default());
+    let bar = progress::spawn(
+        counters.clone(),
+        total as u64,
+        plan.label.clone(),
+        plan.progress,
+    );
+    let (tx, mut rx) = mpsc::unbounded_channel::<RequestRecord>();
+    let bodies: Arc<Vec<(Vec<u8>, u64, u64)>> = Arc::new(
+        plan.requests
+            .iter()
+            .map(|r| {
+                (
+                    tpl.body(&r.prompt, r.expected_output_len),
+                    r.prompt_len,
+                    r.expected_output_len,
+                )
+            })
+            .collect(),
+    );
+    let sent = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+
+    let dispatcher = {
+        let (http, tpl, abort, sem, bodies, sent) = (
+            http.clone(),
+            tpl.clone(),
+            abort.clone(),
+            sem.clone(),
+            bodies.clone(),
+            sent.clone(),
+        );
+        let shape = shape.clone();
+        tokio::spawn(async move {
+            let abort_for_one = abort.clone();
+            let one = move |i: usize| {
+                let (http, tpl, abort, bodies) = (
+                    http.clone(),
+                    tpl.clone(),
+                    abort_for_one.clone(),
+                    bodies.clone(),
+                );
+                async move {
+                    let (body, prompt_len, out_len) = bodies[i].clone();
+                    let mut r = client::send_request(&http, &tpl, body, start, &abort).await;
+                    r.index = i;
+                    r.prompt_len = prompt_len;
+                    r.expected_output_len = out_len;
+                    r
+                }
+            };
+            let mut handles = Vec::new();
+            if shape.closed_loop {
+                let next = Arc::new(AtomicUsize::new(0));
+                for _ in 0..shape.max_concurrency.unwrap_or(1) {
+                    let (next, tx, abort, one, sent) = (
+                        next.clone(),
+                        tx.clone(),
+                        abort.clone(),
+                        one.clone(),
+                        sent.clone(),
+                    );
+                    handles.push(tokio::spawn(async move {
+                        loop {
+                            let i = next.fetch_add(1, Ordering::SeqCst);
+                            if i >= total || abort.is_aborted() {
+                                break;
+                            }
+                            sent.fetch_add(1, Ordering::SeqCst);
+                            let _ = tx.send(one(i).await);
+                        }
+                    }));
+                }
+            } else {
+                let times =
+                    arrival::schedule(total, shape.request_rate, shape.burstiness, shape.seed);
+                for (i, at) in times.into_iter().enumerate() {
+                    if at > 0.0 {
+                        let when = start + std::time::Duration::from_secs_f64(at);
+                        tokio::select! {
+                            _ = tokio::time::sleep_until(when.into()) => {}
+                            _ = abort.wait() => {}
+                        }
+                    }
+                    if abort.is_aborted() {
+                        break;
+                    }
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    let (tx, sem, abort, one) =
+                        (tx.clone(), sem.clone(), abort.clone(), one.clone());
+                    handles.push(tokio::spawn(async move {
+                        let permit = match &sem {
+                            Some(s) => tokio::select! {
+                                p = s.clone().acquire_owned() => Some(p.expect("never closed")),
+                                _ = abort.wait() => None,
+                            },
+                            None => None,
+                        };
+                        if abort.is_aborted() && sem.is_some() && permit.is_none() {
+                            // Aborted while queued: never sent.
+                            let mut r = RequestRecord {
+                                index: i,
+                                failure: Some(FailureKind::Aborted),
+                                error: "run aborted before the request was sent".into(),
+                                ..Default::default()
+                            };
+                            r.start_s = start.elapsed().as_secs_f64();
+                            let _ = tx.send(r);
+                            return;
+                        }
+                        let r = one(i).await;
+                        drop(permit);
+                        let _ = tx.send(r);
+                    }));
+                }
+            }
+            drop(tx);
+            for h in handles {
+                let _ = h.await;
+            }
+        })
+    };
+
+    // Collector: progress counters and the early-abort policy, record by record.
+    let mut monitor = plan
+        .abort
+        .is_active()
+        .then(|| AbortMonitor::new(plan.abort.clone(), total));
+    let mut records: Vec<RequestRecord> = Vec::with_capacity(total);
+    let mut aborted: Option<String> = None;
+    while let Some(r) = rx.recv().await {
+        counters.done.fetch_add(1, Ordering::Relaxed);
+        if !r.success {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        counters.output_tokens.fetch_add(
+            r.server_output_tokens.unwrap_or(r.itl_s.len() as u64 + 1),
+            Ordering::Relaxed,
+        );
+        if aborted.is_none() {
+            if let Some(m) = monitor.as_mut() {
+                if let Some(why) = m.observe(&r) {
+                    tracing::warn!("aborting the run: {why}");
+                    aborted = Some(why);
+                    abort.abort();
+                }
+            }
+        }
+        records.push(r);
+    }
+    let _ = dispatcher.await;
+    let duration = start.elapsed().as_secs_f64();
+    counters.finished.store(true, Ordering::Relaxed);
+    if let Some(b) = bar {
+        let _ = b.await;
+    }
+
+    // Requests aborted in flight or in the queue are not measurements: keep them in the detailed
+    // records, leave them out of the statistics.
+    let not_sent = total - sent.load(Ordering::SeqCst)
+        + records
+            .iter()
+            .filter(|r| r.failure == Some(FailureKind::Aborted) && r.latency_s == 0.0)
+            .count();
+    fill_output_tokens(&mut records, plan.tokenizer.as_ref()).await;
+    fill_output_tokens(&mut warm_records, plan.tokenizer.as_ref()).await;
+    if !tpl.keep_text {
+        for r in records.iter_mut().chain(warm_records.iter_mut()) {
+            r.generated_text = None;
+        }
+    }
+    records.sort_by_key(|r| r.index);
+    let measured: Vec<RequestRecord> = records
+        .iter()
+        .filter(|r| r.failure != Some(FailureKind::Aborted))
+        .cloned()
+        .collect();
+    let summary = metrics::summarize(&measured, duration, &plan.summary);
+    warm_records.extend(records);
+    Ok(BenchOutcome {
+        records: warm_records,
+        summary,
+        aborted,
+        not_sent,
+    })
+}
+
+/// vLLM: when the server sent no `usage.completion_tokens`, count the generated text with the
+/// tokenizer; without one, count the text events.
+async fn fill_output_tokens(records: &mut [RequestRecord], tokenizer: Option<&Tokenizer>) {
+    for r in records
+        .iter_mut()
+        .filter(|r| r.success && r.server_output_tokens.is_none())
+    {
+        let text = r.generated_text.as_deref().unwrap_or("");
+        let counted = match tokenizer {
+            Some(t) => t.encode(text, false).await.ok().map(|v| v.len() as u64),
+            None => None,
+        };
+        let events: u64 = r.text_reads.iter().map(|x| x.1 as u64).sum();
+        r.output_tokens = counted.filter(|&n| n > 0).unwrap_or(events.max(1));
+    }
+}

@@ -1,0 +1,11 @@
+//! servetune: finds the fastest serving configuration of an LLM engine on the node it runs on.
+//!
+//! This crate is the whole program; `main.rs` only parses the command line and calls in here.
+//! See ARCHITECTURE.md for the map of modules and their invariants.
+
+pub mod bench;
+pub mod mock;
+pub mod setup;
+pub mod signals;
+pub mod tokenizer;
+pub mod util;

@@ -1,0 +1,275 @@
+//! Token counting for datasets and for the output-token fallback.
+//!
+//! Two tokenizers: the serving engine's own (`POST /tokenize`, `POST /detokenize`, which
+//! llama-server, vLLM and SGLang expose), so that counts match the server exactly, and a
+//! deterministic word tokenizer that the mock engine also uses (tests and offline runs).
+
+use std::time::Duration;
+
+use futures_util::{stream, StreamExt, TryStreamExt};
+use serde_json::{json, Value};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    #[error("tokenizer endpoint {url} failed: {message}")]
+    Remote { url: String, message: String },
+    #[error("tokenizer endpoint {url} answered without {field}: {body}")]
+    BadResponse {
+        url: String,
+        field: &'static str,
+        body: String,
+    },
+    #[error("the vocabulary size is unknown: the server's /v1/models does not report meta.n_vocab; pass --random-vocab-size")]
+    UnknownVocab,
+}
+
+/// Words of the form `t<id>` map to `<id>`; other words hash into the vocabulary.
+#[derive(Debug, Clone)]
+pub struct WordTokenizer {
+    pub vocab_size: u32,
+}
+
+impl WordTokenizer {
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        text.split_whitespace().map(|w| self.word_id(w)).collect()
+    }
+    pub fn count(&self, text: &str) -> usize {
+        text.split_whitespace().count()
+    }
+    fn word_id(&self, w: &str) -> u32 {
+        if let Some(n) = w.strip_prefix('t').and_then(|d| d.parse::<u32>().ok()) {
+            // Only the canonical spelling maps back ("t05" hashes like any other word).
+            if n < self.vocab_size && w[1..] == n.to_string() {
+                return n;
+            }
+        }
+        // FNV-1a
+        let mut h: u32 = 0x811c_9dc5;
+        for b in w.bytes() {
+            h ^= b as u32;
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        h % self.vocab_size
+    }
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut s = String::with_capacity(ids.len() * 6);
+        for (i, id) in ids.iter().enumerate() {
+            if i > 0 {
+                s.push(' ');
+            }
+            s.push('t');
+            s.push_str(&(id % self.vocab_size).to_string());
+        }
+        s
+    }
+}
+
+/// The engine's tokenizer over HTTP.
+#[derive(Debug, Clone)]
+pub struct RemoteTokenizer {
+    client: reqwest::Client,
+    base_url: String,
+    model: String,
+    /// Vocabulary size given by the user, for servers that do not report it.
+    vocab: Option<u32>,
+}
+
+/// How many tokenizer calls run at once.
+const PARALLEL: usize = 8;
+
+impl RemoteTokenizer {
+    pub fn new(base_url: &str, model: &str) -> Self {
+        RemoteTokenizer {
+            client: reqwest::Client::builder()
+                .http1_only()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("a client without TLS always builds"),
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            model: model.to_owned(),
+            vocab: None,
+        }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, TokenizerError> {
+        let url = format!("{}{}", self.base_url, path);
+        let err = |m: String| TokenizerError::Remote {
+            url: url.clone(),
+            message: m,
+        };
+        let resp = self
+            .client
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| err(e.to_string()))?;
+        if !status.is_success() {
+            return Err(err(format!("HTTP {}: {}", status.as_u16(), text.trim())));
+        }
+        serde_json::from_str(&text).map_err(|e| err(format!("invalid JSON ({e})")))
+    }
+
+    pub async fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        // llama-server reads `content`/`add_special`, vLLM and SGLang `prompt`/`add_special_tokens`.
+        let v = self
+            .post(
+                "/tokenize",
+                json!({"model": self.model, "content": text, "prompt": text,
+                       "add_special": add_special, "add_special_tokens": add_special}),
+            )
+            .await?;
+        let tokens = v
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| self.bad("/tokenize", "tokens", &v))?;
+        Ok(tokens
+            .iter()
+            .filter_map(|t| {
+                t.as_u64()
+                    .or_else(|| t.get("id").and_then(Value::as_u64))
+                    .map(|x| x as u32)
+            })
+            .collect())
+    }
+
+    pub async fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let v = self
+            .post("/detokenize", json!({"model": self.model, "tokens": ids}))
+            .await?;
+        v.get("content")
+            .or_else(|| v.get("prompt"))
+            .or_else(|| v.get("text"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| self.bad("/detokenize", "content", &v))
+    }
+
+    fn bad(&self, path: &str, field: &'static str, v: &Value) -> TokenizerError {
+        let mut body = v.to_string();
+        body.truncate(200);
+        TokenizerError::BadResponse {
+            url: format!("{}{}", self.base_url, path),
+            field,
+            body,
+        }
+    }
+
+    /// `meta.n_vocab` of the first model in `/v1/models` (llama-server and the mock report it).
+    pub async fn vocab_size(&self) -> Result<u32, TokenizerError> {
+        if let Some(v) = self.vocab {
+            return Ok(v);
+        }
+        let url = format!("{}/v1/models", self.base_url);
+        let v: Value = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| TokenizerError::Remote {
+                url: url.clone(),
+                message: e.to_string(),
+            })?
+            .json()
+            .await
+            .map_err(|e| TokenizerError::Remote {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        v.pointer("/data/0/meta/n_vocab")
+            .or_else(|| v.pointer("/models/0/meta/n_vocab"))
+            .and_then(Value::as_u64)
+            .map(|n| n as u32)
+            .ok_or(TokenizerError::UnknownVocab)
+    }
+}
+
+impl Tokenizer {
+    /// Overrides the vocabulary size a remote tokenizer reports (or fails to report).
+    pub fn with_vocab(self, v: u32) -> Self {
+        match self {
+            Tokenizer::Remote(mut r) => {
+                r.vocab = Some(v);
+                Tokenizer::Remote(r)
+            }
+            Tokenizer::Words(_) => Tokenizer::Words(WordTokenizer { vocab_size: v }),
+        }
+    }
+}
+
+/// Either tokenizer, behind one interface.
+#[derive(Debug, Clone)]
+pub enum Tokenizer {
+    Remote(RemoteTokenizer),
+    Words(WordTokenizer),
+}
+
+impl Tokenizer {
+    pub async fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        match self {
+            Tokenizer::Remote(r) => r.encode(text, add_special).await,
+            Tokenizer::Words(w) => Ok(w.encode(text)),
+        }
+    }
+
+    pub async fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        match self {
+            Tokenizer::Remote(r) => r.decode(ids).await,
+            Tokenizer::Words(w) => Ok(w.decode(ids)),
+        }
+    }
+
+    /// Token counts of many texts, in order, several requests at a time.
+    pub async fn count_many(
+        &self,
+        texts: &[&str],
+        add_special: bool,
+    ) -> Result<Vec<usize>, TokenizerError> {
+        match self {
+            Tokenizer::Words(w) => Ok(texts.iter().map(|t| w.count(t)).collect()),
+            Tokenizer::Remote(_) => {
+                stream::iter(
+                    texts
+                        .iter()
+                        .map(|t| async move { self.encode(t, add_special).await.map(|v| v.len()) }),
+                )
+                .buffered(PARALLEL)
+                .try_collect()
+                .await
+            }
+        }
+    }
+
+    /// How many special tokens the tokenizer adds to a prompt (1 for a BOS tokenizer).
+    pub async fn num_special_tokens(&self) -> Result<usize, TokenizerError> {
+        let with = self.encode("hello", true).await?.len();
+        let without = self.encode("hello", false).await?.len();
+        Ok(with.saturating_sub(without))
+    }
+
+    pub async fn vocab_size(&self) -> Result<u32, TokenizerError> {
+        match self {
+            Tokenizer::Remote(r) => r.vocab_size().await,
+            Tokenizer::Words(w) => Ok(w.vocab_size),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_tokenizer_round_trips() {
+        let w = WordTokenizer { vocab_size: 1000 };
+        let ids = vec![0, 5, 999, 10];
+        assert_eq!(w.encode(&w.decode(&ids)), ids);
+        assert_eq!(w.count("a b  c\n d"), 4);
+        assert!(w.encode("hello world").iter().all(|&i| i < 1000));
+        // "t05" is not the canonical spelling of 5, so it hashes.
+        assert_eq!(w.encode("t5"), vec![5]);
+    }
+}

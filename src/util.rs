@@ -1,0 +1,71 @@
+//! Small helpers shared by several modules: time stamps without a date crate, cache paths.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// `YYYYMMDD-HHMMSS` in UTC (vLLM uses local time; servers run in UTC).
+pub fn timestamp_compact(t: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(t);
+    format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}")
+}
+
+/// RFC 3339 in UTC, to the second.
+pub fn timestamp_rfc3339(t: SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(t);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (
+        y,
+        m,
+        d,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+        (rem % 60) as u32,
+    )
+}
+
+/// Where heavy artefacts (engine builds, models, datasets) are cached, outside any repository:
+/// `$SERVETUNE_CACHE`, else `$XDG_CACHE_HOME/servetune`, else `~/.cache/servetune`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(p) = std::env::var_os("SERVETUNE_CACHE").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = std::env::var_os("XDG_CACHE_HOME").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p).join("servetune");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+    PathBuf::from(home).join(".cache").join("servetune")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn formats_known_instants() {
+        let t = UNIX_EPOCH + Duration::from_secs(1_798_200_000); // 2026-12-25T12:00:00Z
+        assert_eq!(timestamp_compact(t), "20261225-120000");
+        assert_eq!(timestamp_rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(timestamp_rfc3339(leap), "2000-02-29T00:00:00Z");
+    }
+}
