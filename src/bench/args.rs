@@ -366,6 +366,7 @@ impl BenchArgs {
                 .filter(|k| !k.is_empty()),
             timeout: Duration::from_secs_f64(self.request_timeout),
             keep_text: self.save_detailed,
+            connection_close: Default::default(),
         };
         let percentile_metrics = parse_metrics(&self.percentile_metrics)?;
         let goodput = parse_goodput(&self.goodput)?;

@@ -75,6 +75,10 @@ pub struct RequestTemplate {
     pub timeout: Duration,
     /// Keep the generated text in the record (for `--save-detailed` and tokenizer fallback).
     pub keep_text: bool,
+    /// Set once the server has been seen closing kept-alive connections (llama-server does
+    /// after every stream): from then on every request asks for `Connection: close`, so no
+    /// request is ever written to a connection the server is closing.
+    pub connection_close: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RequestTemplate {
@@ -313,6 +317,19 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// hyper's "connection closed before message completed" on a request whose response never
+/// began: the idle-connection race with servers that close after each response.
+fn closed_before_response(e: &reqwest::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            return h.is_incomplete_message() || h.is_canceled();
+        }
+        cur = c.source();
+    }
+    false
+}
+
 /// Sends one request and measures it. `bench_start` anchors `start_s`.
 pub async fn send_request(
     client: &reqwest::Client,
@@ -387,14 +404,32 @@ async fn run_stream(
     st: Instant,
     state: &mut StreamState,
 ) -> Result<(), (FailureKind, String)> {
-    let mut req = client
-        .post(&tpl.url)
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body);
-    if let Some(k) = &tpl.api_key {
-        req = req.bearer_auth(k);
-    }
-    let mut resp = req.send().await.map_err(|e| {
+    use std::sync::atomic::Ordering;
+    let body = bytes::Bytes::from(body); // cheap to clone for a resend
+    let send = |close: bool| {
+        let mut req = client
+            .post(&tpl.url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        if close {
+            req = req.header(reqwest::header::CONNECTION, "close");
+        }
+        if let Some(k) = &tpl.api_key {
+            req = req.bearer_auth(k);
+        }
+        req.send()
+    };
+    let first = send(tpl.connection_close.load(Ordering::Relaxed)).await;
+    let first = match first {
+        // The server closed a kept-alive connection as we wrote to it: it never saw the
+        // request. Resend once on a fresh connection and stop reusing connections.
+        Err(e) if closed_before_response(&e) => {
+            tpl.connection_close.store(true, Ordering::Relaxed);
+            send(true).await
+        }
+        other => other,
+    };
+    let mut resp = first.map_err(|e| {
         let kind = if e.is_connect() {
             FailureKind::Connect
         } else if e.is_timeout() {
@@ -458,6 +493,7 @@ mod tests {
             api_key: None,
             timeout: Duration::from_secs(1),
             keep_text: false,
+            connection_close: Default::default(),
         }
     }
 

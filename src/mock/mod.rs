@@ -328,9 +328,18 @@ fn prompt_text(r: &GenReq) -> String {
     out
 }
 
+/// A response whose body fails at once: hyper aborts the connection, which is what a client
+/// of a crashed process sees.
+fn dead_connection() -> Response {
+    let body = futures_util::stream::once(async {
+        Err::<Bytes, _>(std::io::Error::other("engine crashed"))
+    });
+    Response::new(Body::from_stream(body))
+}
+
 async fn generate(s: Arc<Shared>, body: Bytes, chat: bool) -> Response {
     if s.crashed.load(Ordering::SeqCst) {
-        return error_response(StatusCode::SERVICE_UNAVAILABLE, "crashed");
+        return dead_connection();
     }
     let n_req = s.stats.requests.fetch_add(1, Ordering::SeqCst) + 1;
     if let Some(limit) = s.cfg.crash_after {
@@ -338,8 +347,7 @@ async fn generate(s: Arc<Shared>, body: Bytes, chat: bool) -> Response {
             s.crashed.store(true, Ordering::SeqCst);
             s.crash.notify_waiters();
             s.crash.notify_one();
-            // The connection dies with the server; this response is never written.
-            std::future::pending::<()>().await;
+            return dead_connection();
         }
     }
     if s.loading() {
@@ -551,27 +559,50 @@ impl Job {
         Bytes::from(out)
     }
 
-    fn stream(self) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    fn stream(self) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> {
         futures_util::stream::unfold(Phase::Admit(self), |phase| async move {
-            let (bytes, next) = match phase {
-                Phase::Admit(job) => {
-                    let guard = job.admit().await;
-                    if job.s.cfg.hang {
-                        std::future::pending::<()>().await;
-                    }
-                    job.emit(guard, tokio::time::Instant::now(), 0).await
-                }
-                Phase::Tokens {
-                    job,
-                    guard,
-                    start,
-                    sent,
-                } => job.emit(guard, start, sent).await,
-                Phase::Tail(job) => (job.tail(), Phase::Done),
+            let shared = match &phase {
+                Phase::Admit(j) | Phase::Tail(j) => j.s.clone(),
+                Phase::Tokens { job, .. } => job.s.clone(),
                 Phase::Done => return None,
             };
-            Some((Ok(bytes), next))
+            let step = async move {
+                match phase {
+                    Phase::Admit(job) => {
+                        let guard = job.admit().await;
+                        if job.s.cfg.hang {
+                            std::future::pending::<()>().await;
+                        }
+                        job.emit(guard, tokio::time::Instant::now(), 0).await
+                    }
+                    Phase::Tokens {
+                        job,
+                        guard,
+                        start,
+                        sent,
+                    } => job.emit(guard, start, sent).await,
+                    Phase::Tail(job) => (job.tail(), Phase::Done),
+                    Phase::Done => unreachable!("handled above"),
+                }
+            };
+            // A crash cuts every stream in flight: the error makes hyper abort the connection.
+            tokio::select! {
+                (bytes, next) = step => Some((Ok(bytes), next)),
+                _ = shared.wait_crash() => Some((Err(std::io::Error::other("engine crashed")), Phase::Done)),
+            }
         })
+    }
+}
+
+impl Shared {
+    async fn wait_crash(&self) {
+        loop {
+            let n = self.crash.notified();
+            if self.crashed.load(Ordering::SeqCst) {
+                return;
+            }
+            n.await;
+        }
     }
 }
 
