@@ -1,0 +1,186 @@
+//! The real CPU engine: llama-server with SmolLM2-135M, benchmarked for real with ShareGPT and
+//! with exact-length random prompts. Needs `servetune setup llamacpp`; CI sets
+//! SERVETUNE_REQUIRE_LLAMA=1 so that a missing engine fails instead of skipping.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use servetune::bench::dataset::{sharegpt, DatasetError};
+use servetune::setup::LlamaPaths;
+
+fn paths() -> Option<LlamaPaths> {
+    let p = LlamaPaths::default_paths();
+    if p.ready() {
+        return Some(p);
+    }
+    if std::env::var("SERVETUNE_REQUIRE_LLAMA").as_deref() == Ok("1") {
+        panic!(
+            "llama.cpp assets missing under {}: run `servetune setup llamacpp`",
+            p.root.display()
+        );
+    }
+    eprintln!("SKIPPED: llama.cpp assets not installed (run `servetune setup llamacpp`)");
+    None
+}
+
+/// llama-server in its own process group, killed with the group when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pgid = self.child.id() as i32;
+        unsafe { libc::kill(-pgid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start(p: &LlamaPaths) -> Server {
+    let port = free_port();
+    let child = Command::new(&p.server)
+        .args(["-m"])
+        .arg(&p.model)
+        .args([
+            "-np",
+            "4",
+            "-c",
+            "8192",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("spawn llama-server");
+    let server = Server { child, port };
+    let url = format!("http://127.0.0.1:{port}/health");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = reqwest::get(&url).await {
+            if r.status().is_success() {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "llama-server not healthy within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server
+}
+
+fn group_alive(pgid: i32) -> bool {
+    unsafe { libc::kill(-pgid, 0) == 0 }
+}
+
+#[test]
+fn real_sharegpt_file_is_reported_truncated() {
+    let Some(p) = paths() else { return };
+    match sharegpt::load(&p.sharegpt, false) {
+        Err(DatasetError::Truncated {
+            records_read,
+            offset,
+            ..
+        }) => {
+            assert_eq!(records_read, 17_671);
+            assert!(offset > 100_000_000);
+        }
+        other => panic!("expected a truncation error, got {other:?}"),
+    }
+    let l = sharegpt::load(&p.sharegpt, true).unwrap();
+    assert_eq!(l.records_read, 17_671);
+    assert!(l.conversations.len() > 10_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn benchmarks_llama_server_for_real() {
+    let Some(p) = paths() else { return };
+    let server = start(&p).await;
+    let base = format!("http://127.0.0.1:{}", server.port);
+    let sg = p.sharegpt.to_str().unwrap().to_owned();
+
+    // ShareGPT, lengths measured with the server's own tokenizer.
+    let (plan, _) = common::args(&[
+        "--base-url",
+        &base,
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        &sg,
+        "--allow-truncated",
+        "--num-prompts",
+        "12",
+        "--sharegpt-output-len",
+        "24",
+        "--ignore-eos",
+        "--max-concurrency",
+        "4",
+        "--seed",
+        "7",
+    ])
+    .prepare()
+    .await
+    .unwrap();
+    let o = servetune::bench::run(plan).await.unwrap();
+    let s = &o.summary;
+    assert_eq!(s.completed, 12, "{:?}", s.failed_by_reason);
+    assert_eq!(s.total_output_tokens, 12 * 24);
+    assert!(s.total_input_tokens >= 12 * 4);
+    assert!(s.ttft.mean_ms > 0.0 && s.tpot.mean_ms > 0.0);
+    assert!(s.max_concurrent_requests <= 4);
+
+    // Random prompts of an exact length (tokenizer round trip through /tokenize, /detokenize).
+    let (plan, _) = common::args(&[
+        "--base-url",
+        &base,
+        "--random-input-len",
+        "48",
+        "--random-output-len",
+        "8",
+        "--num-prompts",
+        "12",
+        "--max-concurrency",
+        "4",
+    ])
+    .prepare()
+    .await
+    .unwrap();
+    assert!(plan.requests.iter().all(|r| r.prompt_len == 48));
+    let o = servetune::bench::run(plan).await.unwrap();
+    assert_eq!(o.summary.completed, 12, "{:?}", o.summary.failed_by_reason);
+    assert_eq!(
+        o.summary.total_input_tokens,
+        12 * 48,
+        "server-counted prompt tokens"
+    );
+    assert_eq!(o.summary.total_output_tokens, 12 * 8);
+
+    let pgid = server.child.id() as i32;
+    drop(server);
+    assert!(!group_alive(pgid), "llama-server left running");
+}
