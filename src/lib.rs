@@ -4,6 +4,8 @@
 //! See ARCHITECTURE.md for the map of modules and their invariants.
 
 pub mod bench;
+pub mod demo;
+pub mod engine;
 pub mod mock;
 pub mod setup;
 pub mod signals;

@@ -23,6 +23,8 @@ struct Cli {
 enum Command {
     /// Benchmark an OpenAI-compatible server (a drop-in for `vllm bench serve`).
     Bench(Box<BenchArgs>),
+    /// The main job on the CPU default: set up llama-server + SmolLM2, benchmark it with ShareGPT.
+    Demo(servetune::demo::DemoArgs),
     /// Run the mock OpenAI-compatible engine.
     MockEngine {
         #[arg(long, default_value = "127.0.0.1")]
@@ -72,6 +74,10 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Bench(args) => {
                 args.execute().await?;
+                Ok(0)
+            }
+            Command::Demo(args) => {
+                servetune::demo::run(args).await?;
                 Ok(0)
             }
             Command::MockEngine { host, port, cfg } => {

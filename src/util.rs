@@ -42,6 +42,17 @@ fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
     )
 }
 
+/// CPU seconds (user + system) this process has used so far.
+pub fn process_cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// Where heavy artefacts (engine builds, models, datasets) are cached, outside any repository:
 /// `$SERVETUNE_CACHE`, else `$XDG_CACHE_HOME/servetune`, else `~/.cache/servetune`.
 pub fn cache_dir() -> PathBuf {

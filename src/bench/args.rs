@@ -141,6 +141,21 @@ pub struct BenchArgs {
     pub disable_tqdm: bool,
 }
 
+#[derive(clap::Parser)]
+struct FlagsOnly {
+    #[command(flatten)]
+    args: BenchArgs,
+}
+
+impl BenchArgs {
+    /// Parses `servetune bench` flags from a list (for callers that build a run in code).
+    pub fn from_flags<S: AsRef<str>>(flags: &[S]) -> Result<BenchArgs, clap::Error> {
+        use clap::Parser;
+        let argv = std::iter::once("bench").chain(flags.iter().map(|s| s.as_ref()));
+        FlagsOnly::try_parse_from(argv).map(|f| f.args)
+    }
+}
+
 fn parse_rate(s: &str) -> Result<f64, String> {
     let v: f64 = match s.trim() {
         "inf" | "Inf" | "infinity" => f64::INFINITY,

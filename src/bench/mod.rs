@@ -84,6 +84,11 @@ pub struct BenchOutcome {
     pub aborted: Option<String>,
     /// Requests that were never sent because the run was aborted.
     pub not_sent: usize,
+    /// CPU seconds this process spent during the measured window (client cost; includes any
+    /// in-process server, so measure against an out-of-process engine).
+    pub client_cpu_s: f64,
+    /// Events with `choices` received in the measured window.
+    pub events: u64,
 }
 
 /// Runs the plan against the server.
@@ -151,6 +156,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
             .collect(),
     );
     let sent = Arc::new(AtomicUsize::new(0));
+    let cpu0 = crate::util::process_cpu_seconds();
     let start = Instant::now();
 
     let dispatcher = {
@@ -282,6 +288,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
     }
     let _ = dispatcher.await;
     let duration = start.elapsed().as_secs_f64();
+    let client_cpu_s = crate::util::process_cpu_seconds() - cpu0;
     counters.finished.store(true, Ordering::Relaxed);
     if let Some(b) = bar {
         let _ = b.await;
@@ -308,12 +315,19 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
         .cloned()
         .collect();
     let summary = metrics::summarize(&measured, duration, &plan.summary);
+    let events = measured
+        .iter()
+        .filter(|r| r.success)
+        .map(|r| r.itl_s.len() as u64 + 1)
+        .sum();
     warm_records.extend(records);
     Ok(BenchOutcome {
         records: warm_records,
         summary,
         aborted,
         not_sent,
+        client_cpu_s,
+        events,
     })
 }
 

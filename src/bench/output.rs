@@ -143,6 +143,21 @@ pub fn extras_block(outcome: &BenchOutcome) -> String {
     for (p, v) in &t.percentiles_ms {
         line_f(&mut o, &format!("P{} token ITL (ms):", p_word(*p)), *v);
     }
+    line_f(&mut o, "Client CPU (s):", outcome.client_cpu_s);
+    if s.total_output_tokens > 0 {
+        line_f(
+            &mut o,
+            "Client CPU-s per M output tokens:",
+            outcome.client_cpu_s / s.total_output_tokens as f64 * 1e6,
+        );
+    }
+    if outcome.client_cpu_s > 0.0 {
+        line_f(
+            &mut o,
+            "Streamed events per client CPU-s:",
+            outcome.events as f64 / outcome.client_cpu_s,
+        );
+    }
     if let Some(why) = &outcome.aborted {
         let _ = writeln!(o, "ABORTED early: {why}");
         line_i(&mut o, "Requests not sent:", outcome.not_sent);
@@ -316,6 +331,8 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
         "ttft": s.ttft, "tpot": s.tpot, "itl": s.itl, "e2el": s.e2el,
         "aborted": outcome.aborted,
         "not_sent": outcome.not_sent,
+        "client_cpu_s": outcome.client_cpu_s,
+        "events": outcome.events,
         "warmup_requests": outcome.records.iter().filter(|r| r.warmup).count(),
     });
     if detailed {

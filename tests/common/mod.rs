@@ -3,24 +3,17 @@
 
 #![allow(dead_code)]
 
-use clap::Parser;
 use servetune::bench::args::BenchArgs;
 use servetune::bench::{self, BenchOutcome};
 use servetune::mock::{self, MockConfig, MockHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    a: BenchArgs,
-}
-
 /// Parses `servetune bench` flags.
 pub fn args(flags: &[&str]) -> BenchArgs {
-    let mut v = vec!["bench", "--disable-tqdm"];
+    let mut v = vec!["--disable-tqdm"];
     v.extend_from_slice(flags);
-    Cli::try_parse_from(v).expect("valid flags").a
+    BenchArgs::from_flags(&v).expect("valid flags")
 }
 
 pub async fn start_mock(cfg: MockConfig) -> MockHandle {

@@ -1,0 +1,5 @@
+//! Engines: the only module that spawns processes. For now it owns the process primitive that
+//! every launch goes through (own process group, argv vector, teardown that leaves nothing
+//! behind); the engine adapters and the readiness ladder build on it.
+
+pub mod process;

@@ -1,0 +1,271 @@
+//! An engine process: spawned from an argv vector (never a shell) in its own process group,
+//! output captured to a log file, and torn down as a group: SIGTERM, a grace period, SIGKILL,
+//! then a check that no process of the group is left. Dropping an [`EngineProcess`] tears it
+//! down too, so a panic or an early return never leaves an engine running.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ProcessError {
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the engine log {path}: {source}")]
+    Log {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} exited during start-up ({status}); last log lines:\n{excerpt}")]
+    Exited {
+        program: String,
+        status: String,
+        excerpt: String,
+    },
+    #[error("{url} did not answer 200 within {secs:.0} s; last log lines:\n{excerpt}")]
+    NotReady {
+        url: String,
+        secs: f64,
+        excerpt: String,
+    },
+    #[error("process group {pgid} still has processes after SIGKILL")]
+    Leftover { pgid: i32 },
+}
+
+/// A running engine.
+#[derive(Debug)]
+pub struct EngineProcess {
+    child: Option<Child>,
+    pgid: i32,
+    program: String,
+    log: PathBuf,
+}
+
+/// A free TCP port on the loopback interface (the OS picks it).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Whether any process of group `pgid` is alive.
+pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    unsafe { libc::kill(-pgid, 0) == 0 }
+}
+
+/// Sends `sig` to every process of group `pgid`.
+pub fn signal_group(pgid: i32, sig: i32) {
+    // SAFETY: plain syscall; a dead group gives ESRCH, which is fine.
+    unsafe {
+        libc::kill(-pgid, sig);
+    }
+}
+
+/// SIGTERM to the group, up to `grace` for it to exit, SIGKILL, and a final check. `leader`
+/// is our own child when we have it: it is reaped so that its zombie does not count as alive
+/// (only our own child is reaped; other children of this process are left alone).
+pub fn terminate_group(
+    pgid: i32,
+    mut leader: Option<&mut Child>,
+    grace: Duration,
+) -> Result<(), ProcessError> {
+    if pgid <= 1 {
+        return Ok(()); // never signal group 0/1 (ourselves / init)
+    }
+    let gone = |leader: &mut Option<&mut Child>| {
+        if let Some(c) = leader.as_mut() {
+            let _ = c.try_wait();
+        }
+        !group_alive(pgid)
+    };
+    signal_group(pgid, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if gone(&mut leader) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    signal_group(pgid, libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if gone(&mut leader) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Err(ProcessError::Leftover { pgid })
+}
+
+/// The last `n` lines of a log file.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+impl EngineProcess {
+    /// Spawns `argv` in a new process group with stdout and stderr appended to `log`.
+    pub fn spawn(
+        argv: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Self, ProcessError> {
+        let program = argv.first().cloned().unwrap_or_default();
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(|source| ProcessError::Log {
+                path: log.display().to_string(),
+                source,
+            })?;
+        let errf = logf.try_clone().map_err(|source| ProcessError::Log {
+            path: log.display().to_string(),
+            source,
+        })?;
+        let mut cmd = Command::new(&program);
+        cmd.args(&argv[1..])
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(logf)
+            .stderr(errf)
+            .process_group(0);
+        let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
+        let pgid = child.id() as i32;
+        Ok(EngineProcess {
+            child: Some(child),
+            pgid,
+            program,
+            log: log.to_path_buf(),
+        })
+    }
+
+    pub fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// `Some(status)` if the leader has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Polls `url` until it answers 200, the process exits, or `timeout` passes.
+    pub async fn wait_http_ok(&mut self, url: &str, timeout: Duration) -> Result<(), ProcessError> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("a client without TLS always builds");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                return Err(ProcessError::Exited {
+                    program: self.program.clone(),
+                    status: status.to_string(),
+                    excerpt: log_tail(&self.log, 20),
+                });
+            }
+            if let Ok(r) = client.get(url).send().await {
+                if r.status() == reqwest::StatusCode::OK {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > timeout {
+                return Err(ProcessError::NotReady {
+                    url: url.to_owned(),
+                    secs: timeout.as_secs_f64(),
+                    excerpt: log_tail(&self.log, 20),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Tears the whole group down and verifies that nothing is left.
+    pub fn terminate(mut self, grace: Duration) -> Result<(), ProcessError> {
+        self.shutdown(grace)
+    }
+
+    fn shutdown(&mut self, grace: Duration) -> Result<(), ProcessError> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        terminate_group(self.pgid, Some(&mut child), grace)
+    }
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown(Duration::from_secs(10)) {
+            tracing::error!("engine teardown: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn group_is_gone_after_terminate_even_when_sigterm_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("e.log");
+        // A leader that ignores SIGTERM and a child in the same group.
+        let argv: Vec<String> = ["sh", "-c", "trap '' TERM; sleep 60 & echo started; wait"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let p = EngineProcess::spawn(&argv, &[], &log).unwrap();
+        let pgid = p.pgid();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(group_alive(pgid));
+        p.terminate(Duration::from_millis(300)).unwrap();
+        assert!(!group_alive(pgid));
+        assert!(log_tail(&log, 5).contains("started"));
+    }
+
+    #[tokio::test]
+    async fn start_up_exit_is_reported_with_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("e.log");
+        let argv: Vec<String> = [
+            "sh",
+            "-c",
+            "echo 'error: unknown argument --bogus' >&2; exit 3",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let mut p = EngineProcess::spawn(&argv, &[], &log).unwrap();
+        let e = p
+            .wait_http_ok("http://127.0.0.1:9/health", Duration::from_secs(10))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown argument --bogus"), "{e}");
+        let missing = EngineProcess::spawn(&["/nonexistent/engine".to_string()], &[], &log);
+        assert!(missing
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent/engine"));
+    }
+}
