@@ -238,13 +238,13 @@ impl BenchArgs {
     /// Checks every flag that needs no network access.
     pub fn validate(&self) -> Result<(), BenchError> {
         let cfg = |m: String| Err(BenchError::Config(m));
-        if !(self.burstiness > 0.0) {
+        if self.burstiness.is_nan() || self.burstiness <= 0.0 {
             return cfg(format!("--burstiness must be > 0, got {}", self.burstiness));
         }
         if self.max_concurrency == Some(0) {
             return cfg("--max-concurrency must be at least 1".into());
         }
-        if !(self.request_timeout > 0.0) {
+        if self.request_timeout.is_nan() || self.request_timeout <= 0.0 {
             return cfg("--request-timeout must be > 0 seconds".into());
         }
         if let Some(r) = self.min_success_rate {

@@ -58,7 +58,7 @@ pub async fn sample(
         let ids: Vec<u32> = (0..spec.prefix_len)
             .map(|_| rng.random_range(0..vocab))
             .collect();
-        let mut prng = StdRng::seed_from_u64(spec.seed ^ 0x5eed_0f_9e_f1c5);
+        let mut prng = StdRng::seed_from_u64(spec.seed ^ 0x5eed_0f9e_f1c5);
         fit_to_length(tokenizer, ids, spec.prefix_len as usize, vocab, &mut prng)
             .await?
             .0
