@@ -60,10 +60,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1000)]
     pub num_prompts: usize,
     /// Requests per second (`inf` sends all at once).
-    #[arg(long, default_value = "inf", value_parser = parse_rate)]
+    #[arg(long, default_value = "inf", value_parser = parse_rate, allow_negative_numbers = true)]
     pub request_rate: f64,
     /// Gamma shape of the arrival gaps: 1 = Poisson, < 1 burstier, > 1 more regular.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub burstiness: f64,
     #[arg(long)]
     pub max_concurrency: Option<usize>,
@@ -122,10 +122,10 @@ pub struct BenchArgs {
     #[arg(long, value_enum)]
     pub max_tokens_field: Option<MaxTokensField>,
     /// Per-request time limit in seconds.
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, default_value_t = 600.0, allow_negative_numbers = true)]
     pub request_timeout: f64,
     /// Early abort: stop once this success rate (0..1) can no longer be reached.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub min_success_rate: Option<f64>,
     /// Early abort on a latency limit METRIC:STAT:MS, e.g. `tpot:mean:50`, `ttft:p99:2000`.
     #[arg(long = "slo")]
