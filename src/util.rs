@@ -42,6 +42,18 @@ fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
     )
 }
 
+/// At most `max` bytes of `s`, cut at a character boundary, with an ellipsis when cut.
+pub fn excerpt(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 /// CPU seconds (user + system) this process has used so far.
 pub fn process_cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes into the struct we pass.
@@ -70,6 +82,15 @@ pub fn cache_dir() -> PathBuf {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn excerpt_cuts_at_a_character_boundary() {
+        let s = "é".repeat(150); // 300 bytes, 2 per character
+        let e = excerpt(&s, 201);
+        assert!(e.ends_with('…'));
+        assert_eq!(e.trim_end_matches('…').len(), 200);
+        assert_eq!(excerpt("short", 10), "short");
+    }
 
     #[test]
     fn formats_known_instants() {

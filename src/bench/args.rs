@@ -163,10 +163,10 @@ fn parse_rate(s: &str) -> Result<f64, String> {
             .parse()
             .map_err(|_| format!("not a number or 'inf': {x:?}"))?,
     };
-    if v > 0.0 {
+    if v > 1e-6 {
         Ok(v)
     } else {
-        Err(format!("request rate must be > 0, got {s}"))
+        Err(format!("request rate must be > 0 (at least 1e-6), got {s}"))
     }
 }
 
@@ -244,8 +244,27 @@ impl BenchArgs {
         if self.max_concurrency == Some(0) {
             return cfg("--max-concurrency must be at least 1".into());
         }
-        if self.request_timeout.is_nan() || self.request_timeout <= 0.0 {
-            return cfg("--request-timeout must be > 0 seconds".into());
+        if !self.request_timeout.is_finite()
+            || self.request_timeout <= 0.0
+            || self.request_timeout > 1e7
+        {
+            return cfg(format!(
+                "--request-timeout must be a finite number of seconds in (0, 1e7], got {}",
+                self.request_timeout
+            ));
+        }
+        if let Some(v) = self.random_vocab_size {
+            if v < 2 {
+                return cfg(format!("--random-vocab-size must be at least 2, got {v}"));
+            }
+        }
+        if self.sharegpt_output_len.is_some_and(|n| n > 1_000_000)
+            || self.random_output_len > 1_000_000
+        {
+            return cfg("output lengths above 1,000,000 tokens are not supported".into());
+        }
+        if self.random_input_len > 10_000_000 || self.random_prefix_len > 10_000_000 {
+            return cfg("input lengths above 10,000,000 tokens are not supported".into());
         }
         if let Some(r) = self.min_success_rate {
             if !(0.0..=1.0).contains(&r) {

@@ -98,10 +98,9 @@ impl RequestTemplate {
                 );
             }
         }
+        // Current vLLM sends a temperature only when one is given.
         if let Some(t) = self.temperature {
             m.insert("temperature".into(), Value::from(t));
-        } else if self.backend == Backend::OpenaiChat {
-            m.insert("temperature".into(), Value::from(0.0));
         }
         let n = Value::from(output_len);
         match self.max_tokens_field {
@@ -172,7 +171,7 @@ pub fn http_client(max_connections_hint: usize) -> reqwest::Result<reqwest::Clie
 #[derive(Deserialize)]
 struct StreamChunk<'a> {
     #[serde(borrow, default)]
-    choices: Vec<Choice<'a>>,
+    choices: Option<Vec<Choice<'a>>>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
@@ -253,11 +252,12 @@ impl StreamState {
             if u.prompt_tokens.is_some() {
                 self.rec.server_prompt_tokens = u.prompt_tokens;
             }
-            if u.completion_tokens.is_some() {
-                self.rec.server_output_tokens = u.completion_tokens;
+            // vLLM's `if not output_len`: a zero count falls back to the tokenizer.
+            if let Some(n) = u.completion_tokens.filter(|&n| n > 0) {
+                self.rec.server_output_tokens = Some(n);
             }
         }
-        let Some(choice) = chunk.choices.into_iter().next() else {
+        let Some(choice) = chunk.choices.into_iter().flatten().next() else {
             return;
         };
         if choice.finish_reason.is_some() {
@@ -291,15 +291,7 @@ impl StreamState {
 }
 
 fn excerpt(s: &str) -> String {
-    const MAX: usize = 300;
-    if s.len() <= MAX {
-        return s.to_owned();
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
+    crate::util::excerpt(s, 300)
 }
 
 /// Error text with its causes, as one line.
@@ -465,8 +457,15 @@ async fn run_stream(
             .feed(&bytes, |ev| state.on_event(ev, ts))
             .map_err(|e| (FailureKind::MalformedStream, e.to_string()))?;
         state.end_read(ts);
-        if state.error.is_some() || state.done {
+        if state.error.is_some() {
             break;
+        }
+        if state.done {
+            // Read the rest of the body (the chunked terminator) so that the connection goes
+            // back to the pool instead of being closed; vLLM also reads to the end.
+            let drain = async { while let Ok(Some(_)) = resp.chunk().await {} };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+            return Ok(());
         }
     }
     let ts = st.elapsed().as_secs_f64();
@@ -519,6 +518,10 @@ mod tests {
         assert_eq!(b["max_completion_tokens"], 3);
         assert!(b.get("max_tokens").is_none());
         assert!(b.get("ignore_eos").is_none());
+        assert!(
+            b.get("temperature").is_none(),
+            "no temperature unless given"
+        );
         assert_eq!(b["top_k"], 5);
     }
 

@@ -38,6 +38,8 @@ pub enum BenchError {
     Dataset(#[from] dataset::DatasetError),
     #[error("cannot create the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("cannot write results to {path}: {source}")]
     Write {
         path: String,
@@ -171,7 +173,9 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
         let shape = shape.clone();
         tokio::spawn(async move {
             let abort_for_one = abort.clone();
-            let one = move |i: usize| {
+            // `dispatched_s`: when the request was released by the arrival process; the time
+            // until it was actually sent is its client-side queueing (vLLM's queue_times).
+            let one = move |i: usize, dispatched_s: f64| {
                 let (http, tpl, abort, bodies) = (
                     http.clone(),
                     tpl.clone(),
@@ -181,6 +185,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
                 async move {
                     let (body, prompt_len, out_len) = bodies[i].clone();
                     let mut r = client::send_request(&http, &tpl, body, start, &abort).await;
+                    r.queue_s = (r.start_s - dispatched_s).max(0.0);
                     r.index = i;
                     r.prompt_len = prompt_len;
                     r.expected_output_len = out_len;
@@ -205,7 +210,8 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
                                 break;
                             }
                             sent.fetch_add(1, Ordering::SeqCst);
-                            let _ = tx.send(one(i).await);
+                            let now = start.elapsed().as_secs_f64();
+                            let _ = tx.send(one(i, now).await);
                         }
                     }));
                 }
@@ -214,7 +220,9 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
                     arrival::schedule(total, shape.request_rate, shape.burstiness, shape.seed);
                 for (i, at) in times.into_iter().enumerate() {
                     if at > 0.0 {
-                        let when = start + std::time::Duration::from_secs_f64(at);
+                        let when = start
+                            + std::time::Duration::try_from_secs_f64(at)
+                                .unwrap_or(std::time::Duration::from_secs(u32::MAX as u64));
                         tokio::select! {
                             _ = tokio::time::sleep_until(when.into()) => {}
                             _ = abort.wait() => {}
@@ -226,6 +234,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
                     sent.fetch_add(1, Ordering::SeqCst);
                     let (tx, sem, abort, one) =
                         (tx.clone(), sem.clone(), abort.clone(), one.clone());
+                    let dispatched_s = start.elapsed().as_secs_f64();
                     handles.push(tokio::spawn(async move {
                         let permit = match &sem {
                             Some(s) => tokio::select! {
@@ -246,7 +255,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
                             let _ = tx.send(r);
                             return;
                         }
-                        let r = one(i).await;
+                        let r = one(i, dispatched_s).await;
                         drop(permit);
                         let _ = tx.send(r);
                     }));
@@ -286,7 +295,11 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
         }
         records.push(r);
     }
-    let _ = dispatcher.await;
+    if let Err(e) = dispatcher.await {
+        return Err(BenchError::Internal(format!(
+            "the request dispatcher failed: {e}"
+        )));
+    }
     let duration = start.elapsed().as_secs_f64();
     let client_cpu_s = crate::util::process_cpu_seconds() - cpu0;
     counters.finished.store(true, Ordering::Relaxed);

@@ -103,7 +103,7 @@ pub fn vllm_block(s: &Summary, info: &RunInfo) -> String {
     );
     line_f(
         &mut o,
-        "Total Token throughput (tok/s):",
+        "Total token throughput (tok/s):",
         s.total_token_throughput,
     );
     for m in Metric::ALL {
@@ -271,20 +271,35 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
                 .map(|r| if r.success { r.ttft_s } else { 0.0 })
                 .collect::<Vec<_>>()),
         );
+        let empty: Vec<f64> = Vec::new();
         m.insert(
             "itls".into(),
-            json!(measured.iter().map(|r| &r.itl_s).collect::<Vec<_>>()),
+            json!(measured
+                .iter()
+                .map(|r| if r.success { &r.itl_s } else { &empty })
+                .collect::<Vec<_>>()),
         );
     }
+    // vLLM writes 0 and [] for failed requests in its arrays; the real values stay in
+    // `servetune.records`.
     m.insert(
         "latencies".into(),
-        json!(measured.iter().map(|r| r.latency_s).collect::<Vec<_>>()),
+        json!(measured
+            .iter()
+            .map(|r| if r.success { r.latency_s } else { 0.0 })
+            .collect::<Vec<_>>()),
     );
     if detailed {
         m.insert(
             "start_times".into(),
             json!(measured.iter().map(|r| r.start_s).collect::<Vec<_>>()),
         );
+    }
+    m.insert(
+        "queue_times".into(),
+        json!(measured.iter().map(|r| r.queue_s).collect::<Vec<_>>()),
+    );
+    if detailed {
         m.insert(
             "generated_texts".into(),
             json!(measured
@@ -305,6 +320,7 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
         "max_concurrent_requests".into(),
         json!(s.max_concurrent_requests),
     );
+    m.insert("rtfx".into(), json!(0.0));
     for metric in Metric::ALL {
         if !info.percentile_metrics.contains(&metric) {
             continue;

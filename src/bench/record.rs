@@ -91,6 +91,10 @@ pub struct RequestRecord {
     /// Generated text, kept only when detailed results are requested.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub generated_text: Option<String>,
+    /// Time between the request's release by the arrival process and its sending (waiting for a
+    /// `--max-concurrency` slot): vLLM's `queue_times`.
+    #[serde(default)]
+    pub queue_s: f64,
     /// Warm-up requests are measured but excluded from every statistic.
     #[serde(default)]
     pub warmup: bool,

@@ -121,7 +121,12 @@ impl EngineProcess {
         env: &[(String, String)],
         log: &Path,
     ) -> Result<Self, ProcessError> {
-        let program = argv.first().cloned().unwrap_or_default();
+        let Some(program) = argv.first().cloned() else {
+            return Err(ProcessError::Spawn {
+                program: String::new(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+            });
+        };
         let logf = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -209,6 +214,10 @@ impl EngineProcess {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
+        // Leader reaped and group empty: nothing to signal (and the group id may be reused).
+        if matches!(child.try_wait(), Ok(Some(_))) && !group_alive(self.pgid) {
+            return Ok(());
+        }
         terminate_group(self.pgid, Some(&mut child), grace)
     }
 }

@@ -33,10 +33,10 @@ pub struct MockConfig {
     #[arg(long, default_value = "mock-model")]
     pub model: String,
     /// Time to first token, milliseconds.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, allow_negative_numbers = true)]
     pub ttft_ms: f64,
     /// Time per output token after the first, milliseconds.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     pub itl_ms: f64,
     /// Tokens carried by each streamed chunk.
     #[arg(long, default_value_t = 1)]
@@ -137,8 +137,40 @@ impl MockHandle {
     }
 }
 
+impl MockConfig {
+    /// Checks the settings that would otherwise break every request.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)] {
+            if !v.is_finite() || !(0.0..=3_600_000.0).contains(&v) {
+                return Err(format!("{name} must be between 0 and 3600000 ms, got {v}"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.failure_rate) {
+            return Err(format!(
+                "--failure-rate must be in [0, 1], got {}",
+                self.failure_rate
+            ));
+        }
+        if !self.slow_start_s.is_finite() || self.slow_start_s < 0.0 {
+            return Err(format!(
+                "--slow-start-s must be >= 0, got {}",
+                self.slow_start_s
+            ));
+        }
+        if self.vocab_size < 2 {
+            return Err(format!(
+                "--vocab-size must be at least 2, got {}",
+                self.vocab_size
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Starts the mock on `listener`; it serves until stopped or crashed.
 pub fn serve(listener: TcpListener, cfg: MockConfig) -> std::io::Result<MockHandle> {
+    cfg.validate()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let addr = listener.local_addr()?;
     let stats = Arc::new(MockStats::default());
     let crash = Arc::new(Notify::new());
@@ -263,7 +295,9 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
          # TYPE mock:prompt_tokens_total counter\nmock:prompt_tokens_total {}\n",
         st.running.load(Ordering::Relaxed),
         st.waiting.load(Ordering::Relaxed),
-        st.requests.load(Ordering::Relaxed) - st.failed.load(Ordering::Relaxed),
+        st.requests
+            .load(Ordering::Relaxed)
+            .saturating_sub(st.failed.load(Ordering::Relaxed)),
         st.failed.load(Ordering::Relaxed),
         st.generated_tokens.load(Ordering::Relaxed),
         st.prompt_tokens.load(Ordering::Relaxed),

@@ -42,7 +42,7 @@ pub async fn sample(
     let in_hi = (real as f64 * (1.0 + r)).ceil() as u64;
     let out_lo = ((spec.output_len as f64 * (1.0 - r)).floor() as u64).max(1);
     let out_hi = ((spec.output_len as f64 * (1.0 + r)).ceil() as u64).max(1);
-    if spec.prefix_len + in_lo < 1 {
+    if spec.prefix_len.saturating_add(in_lo) < 1 {
         return Err(DatasetError::Invalid(format!(
             "random prompts would be empty: --random-input-len {} minus {} special token(s) with range ratio {} allows 0 tokens",
             spec.input_len, ns, r
@@ -115,7 +115,7 @@ async fn fit_to_length(
     for _ in 0..MAX_ROUNDS {
         ids = tokenizer.encode(&text, false).await?;
         if ids.len() == target {
-            break;
+            return Ok((ids, text));
         }
         if ids.len() < target {
             let extra = target - ids.len();
@@ -125,6 +125,8 @@ async fn fit_to_length(
         }
         text = tokenizer.decode(&ids).await?;
     }
+    // Not converged: report the text's real length, as vLLM does (`prompt_len = len(seq)`).
+    let ids = tokenizer.encode(&text, false).await?;
     Ok((ids, text))
 }
 

@@ -191,7 +191,7 @@ pub fn is_valid(prompt_len: usize, output_len: usize, skip_min_output_check: boo
     !(prompt_len < 4
         || (!skip_min_output_check && output_len < 4)
         || prompt_len > 1024
-        || prompt_len + output_len > 2048)
+        || prompt_len.saturating_add(output_len) > 2048)
 }
 
 /// Samples `num` requests: shuffle with `seed`, filter, oversample if the file had too few.
