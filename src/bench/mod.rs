@@ -40,7 +40,7 @@ pub enum BenchError {
     Client(#[from] reqwest::Error),
     #[error("internal error: {0}")]
     Internal(String),
-    #[error("cannot write results to {path}: {source}")]
+    #[error("cannot write results to {path}")]
     Write {
         path: String,
         #[source]

@@ -12,13 +12,13 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum ProcessError {
-    #[error("cannot start {program}: {source}")]
+    #[error("cannot start {program}")]
     Spawn {
         program: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot open the engine log {path}: {source}")]
+    #[error("cannot open the engine log {path}")]
     Log {
         path: String,
         #[source]

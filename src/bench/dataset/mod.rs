@@ -21,7 +21,7 @@ pub struct SampleRequest {
 
 #[derive(Debug, Error)]
 pub enum DatasetError {
-    #[error("cannot read dataset {path}: {source}")]
+    #[error("cannot read dataset {path}")]
     Io {
         path: String,
         #[source]
