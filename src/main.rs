@@ -67,6 +67,9 @@ enum SpaceWhat {
         dir: std::path::PathBuf,
         #[arg(long, default_value = "MODEL")]
         model: String,
+        /// Apply the version gates for this engine version (flags it lacks are dropped).
+        #[arg(long)]
+        engine_version: Option<String>,
     },
 }
 
@@ -136,9 +139,20 @@ fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
             seed,
             dir,
             model,
+            engine_version,
         } => {
             use rand::SeedableRng;
-            let s = Space::load(&engine_file(&dir, &engine))?;
+            let mut s = Space::load(&engine_file(&dir, &engine))?;
+            if let Some(v) = engine_version {
+                let (gated, dropped) = s.for_version(&v);
+                if !dropped.is_empty() {
+                    eprintln!(
+                        "warning: {engine} {v} lacks these flags, left out: {}",
+                        dropped.join(", ")
+                    );
+                }
+                s = gated;
+            }
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             for i in 0..n {
                 let cfg = if i == 0 {

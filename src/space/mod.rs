@@ -136,6 +136,51 @@ pub struct Param {
     pub when: BTreeMap<String, Value>,
     /// Where the name, default and range come from (file and line of the engine's source).
     pub source: String,
+    /// Version gate: the flag exists from this engine version on (new or renamed flags).
+    #[serde(default)]
+    pub since: Option<String>,
+    /// Version gate: the flag exists only before this engine version.
+    #[serde(default)]
+    pub until: Option<String>,
+}
+
+/// Compares dotted versions numerically (`0.10.2` > `0.9.12`); a non-numeric suffix of a part
+/// (`1.2.0rc1`, `0.5.5.post1`) is ignored, so pre-releases count as their release.
+pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    let parts = |v: &str| -> Vec<u64> {
+        v.trim_start_matches('v')
+            .split('.')
+            .map(|p| {
+                let digits: String = p.chars().take_while(|c| c.is_ascii_digit()).collect();
+                digits.parse().unwrap_or(0)
+            })
+            .collect()
+    };
+    let (pa, pb) = (parts(a), parts(b));
+    for i in 0..pa.len().max(pb.len()) {
+        let (x, y) = (
+            pa.get(i).copied().unwrap_or(0),
+            pb.get(i).copied().unwrap_or(0),
+        );
+        if x != y {
+            return x.cmp(&y);
+        }
+    }
+    std::cmp::Ordering::Equal
+}
+
+impl Param {
+    /// Whether the flag exists in engine `version` (by its `since`/`until` gates).
+    pub fn exists_in(&self, version: &str) -> bool {
+        use std::cmp::Ordering::Less;
+        self.since
+            .as_deref()
+            .is_none_or(|s| compare_versions(version, s) != Less)
+            && self
+                .until
+                .as_deref()
+                .is_none_or(|u| compare_versions(version, u) == Less)
+    }
 }
 
 /// `lhs <= rhs` (or `>=`) between two integer parameters.
@@ -319,6 +364,35 @@ impl Space {
                 .map(|c| c.into_inner())
                 .collect(),
         })
+    }
+
+    /// The space as a given engine version sees it: parameters whose version gates exclude the
+    /// version are dropped (with the constraints and conditions that name them), and their names
+    /// returned so that the caller can warn.
+    pub fn for_version(&self, version: &str) -> (Space, Vec<String>) {
+        let (keep, dropped): (Vec<&Param>, Vec<&Param>) =
+            self.params.iter().partition(|p| p.exists_in(version));
+        let dropped: Vec<String> = dropped.iter().map(|p| p.name.clone()).collect();
+        let gone = |n: &String| dropped.contains(n);
+        let params = keep
+            .into_iter()
+            .filter(|p| !p.when.keys().any(gone))
+            .cloned()
+            .collect();
+        let constraints = self
+            .constraints
+            .iter()
+            .filter(|c| !gone(&c.lhs) && !gone(&c.rhs))
+            .cloned()
+            .collect();
+        (
+            Space {
+                engine: self.engine.clone(),
+                params,
+                constraints,
+            },
+            dropped,
+        )
     }
 
     fn active(&self, p: &Param, cfg: &Config) -> bool {
@@ -528,6 +602,38 @@ rhs = "batch"
         let (argv, _) = s.render(&c, "m", "h", 1);
         assert!(argv.contains(&"--no-cb".to_string()));
         assert!(argv.windows(2).any(|w| w == ["--batch", "64"]));
+    }
+
+    #[test]
+    fn version_gates_drop_flags_outside_their_versions() {
+        assert_eq!(
+            compare_versions("0.10.2", "0.9.12"),
+            std::cmp::Ordering::Greater
+        );
+        assert_eq!(
+            compare_versions("v1.2.0rc1", "1.2.0"),
+            std::cmp::Ordering::Equal
+        );
+        assert_eq!(
+            compare_versions("0.5.5.post1", "0.5.5"),
+            std::cmp::Ordering::Equal
+        );
+        let gated = MINI.replace(
+            "render = \"equals\"",
+            "render = \"equals\"\nsince = \"2.0\"",
+        );
+        let s = Space::parse(&gated, "g.toml").unwrap();
+        let (old, dropped) = s.for_version("1.9.9");
+        assert_eq!(dropped, vec!["mode".to_string()]);
+        assert!(old.params.iter().all(|p| p.name != "mode"));
+        let (new, dropped) = s.for_version("2.0.0");
+        assert!(dropped.is_empty());
+        assert!(new.params.iter().any(|p| p.name == "mode"));
+        // A dropped parameter takes its constraints with it.
+        let gated = MINI.replace("default = 2048", "default = 2048\nuntil = \"1.0\"");
+        let (s, dropped) = Space::parse(&gated, "g.toml").unwrap().for_version("1.5");
+        assert_eq!(dropped, vec!["batch".to_string()]);
+        assert!(s.constraints.is_empty());
     }
 
     #[test]
