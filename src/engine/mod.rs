@@ -2,4 +2,6 @@
 //! every launch goes through (own process group, argv vector, teardown that leaves nothing
 //! behind); the engine adapters and the readiness ladder build on it.
 
+pub mod failure;
+pub mod launch;
 pub mod process;

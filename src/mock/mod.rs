@@ -507,6 +507,9 @@ impl Job {
 
     async fn run_to_end(&self) -> String {
         let _g = self.admit().await;
+        if self.s.cfg.hang {
+            std::future::pending::<()>().await;
+        }
         let start = tokio::time::Instant::now();
         let last = start
             + Duration::from_secs_f64(

@@ -72,6 +72,10 @@ pub struct EngineMeta {
     /// Arguments every trial gets (the study's fixed arguments).
     #[serde(default)]
     pub fixed: Vec<String>,
+    /// Log substrings that prove a failure class (`oom`, `unsupported`, `bad_flag`,
+    /// `port_in_use`), checked before the built-in ones.
+    #[serde(default)]
+    pub failures: BTreeMap<String, Vec<String>>,
 }
 
 fn default_health() -> String {
@@ -348,6 +352,17 @@ impl Space {
                     format!(
                         "constraint: repair must be \"clamp\" or \"reject\", got {:?}",
                         k.repair
+                    ),
+                ));
+            }
+        }
+        for k in raw.engine.failures.keys() {
+            if !crate::engine::failure::CLASS_KEYS.contains(&k.as_str()) {
+                return Err(invalid(
+                    line_of(text, text.find("[engine.failures]").unwrap_or(0)),
+                    format!(
+                        "engine.failures: unknown class {k:?} (one of {:?})",
+                        crate::engine::failure::CLASS_KEYS
                     ),
                 ));
             }

@@ -1,0 +1,232 @@
+//! Launching an engine for a trial: spawn (through `process`), then the readiness ladder:
+//! process alive → port open → health 200 → `/v1/models` lists a model → one 1-token request
+//! answers. Each rung has its own time limit; a failure on any rung tears the engine down and is
+//! classified with the log line that proves it. A hung engine (healthy, but no token) is caught
+//! by the last rung.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::failure::{Failure, FailureClass, Patterns};
+use super::process::{log_tail, EngineProcess, ProcessError};
+
+/// The rungs of the readiness ladder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rung {
+    Alive,
+    Port,
+    Health,
+    Models,
+    FirstToken,
+}
+
+/// Time limits per rung.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ladder {
+    pub alive: Duration,
+    pub port: Duration,
+    pub health: Duration,
+    pub models: Duration,
+    pub first_token: Duration,
+}
+
+impl Default for Ladder {
+    fn default() -> Self {
+        Ladder {
+            alive: Duration::from_millis(300),
+            port: Duration::from_secs(600),
+            health: Duration::from_secs(600),
+            models: Duration::from_secs(30),
+            first_token: Duration::from_secs(120),
+        }
+    }
+}
+
+pub struct LaunchSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub host: String,
+    pub port: u16,
+    pub health_path: String,
+    pub log: PathBuf,
+    pub ladder: Ladder,
+}
+
+/// An engine that passed every rung.
+pub struct Ready {
+    pub process: EngineProcess,
+    /// The model id the engine serves.
+    pub model: String,
+    /// Seconds spent on each rung.
+    pub rungs: Vec<(Rung, f64)>,
+}
+
+#[derive(Debug, Error)]
+pub enum LaunchError {
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("engine failed at rung {rung:?}: {} ({})", failure.class.key(), failure.evidence)]
+    Failed {
+        rung: Rung,
+        failure: Failure,
+        log_excerpt: String,
+    },
+}
+
+fn fail(
+    process: EngineProcess,
+    rung: Rung,
+    patterns: &Patterns,
+    fallback: FailureClass,
+    why: String,
+) -> LaunchError {
+    // Tear down first: the log is complete only once the process is gone.
+    let path = process.log_path().to_path_buf();
+    let _ = process.terminate(Duration::from_secs(10));
+    let log = std::fs::read_to_string(&path).unwrap_or_default();
+    let failure = patterns.classify(&log, false).unwrap_or(Failure {
+        class: fallback,
+        evidence: why,
+    });
+    LaunchError::Failed {
+        rung,
+        failure,
+        log_excerpt: log_tail(&path, 30),
+    }
+}
+
+/// Spawns the engine and climbs the ladder.
+pub async fn launch(spec: &LaunchSpec, patterns: &Patterns) -> Result<Ready, LaunchError> {
+    let mut process = EngineProcess::spawn(&spec.argv, &spec.env, &spec.log)?;
+    let base = format!("http://{}:{}", spec.host, spec.port);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("a client without TLS always builds");
+    let mut rungs = Vec::new();
+    let t0 = Instant::now();
+
+    // Alive: the process survives its first moments (a bad flag exits at once).
+    tokio::time::sleep(spec.ladder.alive).await;
+    if let Some(status) = process.exited() {
+        return Err(fail(
+            process,
+            Rung::Alive,
+            patterns,
+            FailureClass::Crash,
+            format!("exited at start ({status})"),
+        ));
+    }
+    rungs.push((Rung::Alive, t0.elapsed().as_secs_f64()));
+
+    // Each later rung polls until it succeeds, the process dies, or its limit passes.
+    macro_rules! climb {
+        ($rung:expr, $limit:expr, $timeout_class:expr, $check:expr) => {{
+            let t = Instant::now();
+            loop {
+                if let Some(status) = process.exited() {
+                    return Err(fail(
+                        process,
+                        $rung,
+                        patterns,
+                        FailureClass::Crash,
+                        format!("exited during start-up ({status})"),
+                    ));
+                }
+                if let Some(v) = $check.await {
+                    rungs.push(($rung, t.elapsed().as_secs_f64()));
+                    break v;
+                }
+                if t.elapsed() > $limit {
+                    return Err(fail(
+                        process,
+                        $rung,
+                        patterns,
+                        $timeout_class,
+                        format!("no answer within {:.0} s", $limit.as_secs_f64()),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }};
+    }
+
+    let addr = format!("{}:{}", spec.host, spec.port);
+    climb!(
+        Rung::Port,
+        spec.ladder.port,
+        FailureClass::StartupTimeout,
+        async { tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ()) }
+    );
+    let health = format!("{base}{}", spec.health_path);
+    climb!(
+        Rung::Health,
+        spec.ladder.health,
+        FailureClass::StartupTimeout,
+        async {
+            match http.get(&health).send().await {
+                Ok(r) if r.status() == reqwest::StatusCode::OK => Some(()),
+                _ => None,
+            }
+        }
+    );
+    let models = format!("{base}/v1/models");
+    let model: String = climb!(
+        Rung::Models,
+        spec.ladder.models,
+        FailureClass::StartupTimeout,
+        async {
+            let v: serde_json::Value = http.get(&models).send().await.ok()?.json().await.ok()?;
+            v.pointer("/data/0/id")
+                .and_then(|x| x.as_str())
+                .map(str::to_owned)
+        }
+    );
+    // First token: one request for one token. An engine that is healthy but never answers
+    // within the limit is hung.
+    let completions = format!("{base}/v1/completions");
+    let body =
+        serde_json::json!({"model": model, "prompt": "Hello", "max_tokens": 1, "stream": false});
+    let t = Instant::now();
+    let answer = tokio::time::timeout(spec.ladder.first_token, async {
+        let r = http
+            .post(&completions)
+            .timeout(spec.ladder.first_token)
+            .json(&body)
+            .send()
+            .await
+            .ok()?;
+        let v: serde_json::Value = r.json().await.ok()?;
+        v.pointer("/choices/0").map(|_| ())
+    })
+    .await;
+    match answer {
+        Ok(Some(())) => rungs.push((Rung::FirstToken, t.elapsed().as_secs_f64())),
+        _ => {
+            let class = if process.exited().is_some() {
+                FailureClass::Crash
+            } else {
+                FailureClass::Hang
+            };
+            return Err(fail(
+                process,
+                Rung::FirstToken,
+                patterns,
+                class,
+                format!(
+                    "no token within {:.0} s",
+                    spec.ladder.first_token.as_secs_f64()
+                ),
+            ));
+        }
+    }
+    Ok(Ready {
+        process,
+        model,
+        rungs,
+    })
+}
