@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use servetune::bench::dataset::{sharegpt, DatasetError};
+use servetune::engine::process::{free_port, group_alive, EngineProcess};
 use servetune::setup::LlamaPaths;
 
 fn paths() -> Option<LlamaPaths> {
@@ -26,76 +25,33 @@ fn paths() -> Option<LlamaPaths> {
     None
 }
 
-/// llama-server in its own process group, killed with the group when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let pgid = self.child.id() as i32;
-        unsafe { libc::kill(-pgid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        unsafe { libc::kill(-pgid, libc::SIGKILL) };
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start(p: &LlamaPaths) -> Server {
-    let port = free_port();
-    let child = Command::new(&p.server)
-        .args(["-m"])
-        .arg(&p.model)
-        .args([
-            "-np",
-            "4",
-            "-c",
-            "8192",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("spawn llama-server");
-    let server = Server { child, port };
-    let url = format!("http://127.0.0.1:{port}/health");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Ok(r) = reqwest::get(&url).await {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "llama-server not healthy within 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    server
-}
-
-fn group_alive(pgid: i32) -> bool {
-    unsafe { libc::kill(-pgid, 0) == 0 }
+/// llama-server launched through the crate's own engine process primitive (own process group,
+/// argv only, torn down as a group, also on drop).
+async fn start(p: &LlamaPaths, log: &std::path::Path) -> (EngineProcess, u16) {
+    let port = free_port().unwrap();
+    let argv: Vec<String> = [
+        p.server.display().to_string(),
+        "-m".into(),
+        p.model.display().to_string(),
+        "-np".into(),
+        "4".into(),
+        "-c".into(),
+        "8192".into(),
+        "--host".into(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        port.to_string(),
+    ]
+    .to_vec();
+    let mut engine = EngineProcess::spawn(&argv, &[], log).expect("spawn llama-server");
+    engine
+        .wait_http_ok(
+            &format!("http://127.0.0.1:{port}/health"),
+            Duration::from_secs(120),
+        )
+        .await
+        .expect("llama-server healthy");
+    (engine, port)
 }
 
 #[test]
@@ -120,8 +76,9 @@ fn real_sharegpt_file_is_reported_truncated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn benchmarks_llama_server_for_real() {
     let Some(p) = paths() else { return };
-    let server = start(&p).await;
-    let base = format!("http://127.0.0.1:{}", server.port);
+    let dir = tempfile::tempdir().unwrap();
+    let (server, port) = start(&p, &dir.path().join("llama-server.log")).await;
+    let base = format!("http://127.0.0.1:{port}");
     let sg = p.sharegpt.to_str().unwrap().to_owned();
 
     // ShareGPT, lengths measured with the server's own tokenizer.
@@ -180,7 +137,7 @@ async fn benchmarks_llama_server_for_real() {
     );
     assert_eq!(o.summary.total_output_tokens, 12 * 8);
 
-    let pgid = server.child.id() as i32;
-    drop(server);
+    let pgid = server.pgid();
+    server.terminate(Duration::from_secs(10)).unwrap();
     assert!(!group_alive(pgid), "llama-server left running");
 }
