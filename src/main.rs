@@ -50,13 +50,13 @@ enum Command {
 enum SpaceWhat {
     /// Check a search-space file; errors name the file, line and field.
     Validate { file: std::path::PathBuf },
-    /// Print an engine's parameters (search-spaces/ENGINE.toml).
+    /// Print an engine's parameters (search-spaces/ENGINE.toml; `a+b` for a choice of engines).
     Show {
         engine: String,
         #[arg(long, default_value = "search-spaces")]
         dir: std::path::PathBuf,
     },
-    /// Print N sampled, constraint-repaired command lines (the first is the engine's defaults).
+    /// Print N sampled, constraint-repaired command lines (first the engines' defaults).
     Sample {
         engine: String,
         #[arg(short = 'n', default_value_t = 5)]
@@ -93,9 +93,8 @@ fn space_command(what: SpaceWhat) -> anyhow::Result<()> {
 }
 
 fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
-    use servetune::space::Space;
+    use servetune::space::{text, Space};
     use std::fmt::Write as _;
-    let engine_file = |dir: &std::path::Path, engine: &str| dir.join(format!("{engine}.toml"));
     match what {
         SpaceWhat::Validate { file } => {
             let s = Space::load(&file)?;
@@ -108,30 +107,7 @@ fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
             );
         }
         SpaceWhat::Show { engine, dir } => {
-            let s = Space::load(&engine_file(&dir, &engine))?;
-            let _ = writeln!(out, "engine {} ({})", s.engine.name, s.engine.description);
-            for p in &s.params {
-                let cond = if p.when.is_empty() {
-                    String::new()
-                } else {
-                    format!(" when {:?}", p.when)
-                };
-                let _ = writeln!(
-                    out,
-                    "  {:<16} {:<18} default {:<8} {:?}{cond}",
-                    p.name,
-                    p.flag.as_deref().unwrap_or("-"),
-                    p.default.to_string(),
-                    p.kind
-                );
-            }
-            for c in &s.constraints {
-                let _ = writeln!(
-                    out,
-                    "  constraint: {} {} {} ({})",
-                    c.lhs, c.op, c.rhs, c.repair
-                );
-            }
+            out.push_str(&text::show(&Space::load_engines(&dir, &engine)?));
         }
         SpaceWhat::Sample {
             engine,
@@ -141,8 +117,7 @@ fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
             model,
             engine_version,
         } => {
-            use rand::SeedableRng;
-            let mut s = Space::load(&engine_file(&dir, &engine))?;
+            let mut s = Space::load_engines(&dir, &engine)?;
             if let Some(v) = engine_version {
                 let (gated, dropped) = s.for_version(&v);
                 if !dropped.is_empty() {
@@ -153,26 +128,7 @@ fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
                 }
                 s = gated;
             }
-            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-            for i in 0..n {
-                let cfg = if i == 0 {
-                    s.defaults()
-                } else {
-                    s.sample(&mut rng).map_err(anyhow::Error::msg)?
-                };
-                let (argv, env) = s.render(&cfg, &model, "127.0.0.1", 8000);
-                let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let _ = writeln!(
-                    out,
-                    "{}{}",
-                    if env.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{} ", env.join(" "))
-                    },
-                    argv.join(" ")
-                );
-            }
+            out.push_str(&text::sample(&s, n, seed, &model).map_err(anyhow::Error::msg)?);
         }
     }
     Ok(())

@@ -1,40 +1,73 @@
 //! Every shipped search-space file validates, its defaults render as the bare command, and its
 //! samples render with every placeholder replaced and no empty argv element (JSON-valued flags
-//! stay one element each; nothing passes through a shell).
+//! stay one element each; nothing passes through a shell); the shipped engines also form one
+//! joint space.
+
+use std::path::Path;
 
 use rand::SeedableRng;
-use servetune::space::Space;
+use servetune::space::{RenderCtx, Space};
+
+fn ctx() -> RenderCtx<'static> {
+    RenderCtx {
+        model: "model.gguf",
+        host: "127.0.0.1",
+        port: 8080,
+        binary: None,
+        workdir: Path::new("/tmp/trial"),
+    }
+}
+
+/// Not empty, and no `{identifier}` left (a JSON object such as `{"method":"ngram"}` is fine).
+fn no_placeholder(a: &str) -> bool {
+    if a.is_empty() {
+        return false;
+    }
+    a.split('{').skip(1).all(|rest| {
+        let inner = rest.split('}').next().unwrap_or("");
+        !(rest.contains('}')
+            && !inner.is_empty()
+            && inner.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+    })
+}
 
 #[test]
 fn shipped_spaces_validate_and_render() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/search-spaces");
-    let mut n = 0;
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("toml") {
-            continue;
-        }
-        n += 1;
-        let s = Space::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/search-spaces"));
+    let names = Space::available(dir);
+    for want in ["llamacpp", "sglang", "trtllm", "vllm"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
+    }
+    for name in &names {
+        let s = Space::load(&dir.join(format!("{name}.toml"))).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(&s.engine.name, name, "file name and engine.name differ");
         assert!(s.params.iter().all(|p| !p.source.is_empty()));
-        let (argv, _) = s.render(&s.defaults(), "model.gguf", "127.0.0.1", 8080);
+        let r = s.render(&s.defaults(), &ctx()).unwrap();
         assert_eq!(
-            argv.len(),
+            r.argv.len(),
             s.engine.argv.len() + s.engine.fixed.len(),
-            "{argv:?}"
+            "{name}: defaults must render as the bare command: {:?}",
+            r.argv
         );
+        assert!(r.files.is_empty());
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         for _ in 0..200 {
-            let cfg = s.sample(&mut rng).unwrap();
-            let (argv, _) = s.render(&cfg, "model.gguf", "127.0.0.1", 8080);
+            let Ok(cfg) = s.sample(&mut rng) else {
+                continue; // a rejected point (e.g. more GPUs than the node has)
+            };
+            let r = s.render(&cfg, &ctx()).unwrap();
             assert!(
-                argv.iter().all(|a| !a.is_empty()
-                    && !["{binary}", "{model}", "{host}", "{port}"]
-                        .iter()
-                        .any(|p| a.contains(p))),
-                "{argv:?}"
+                r.argv.iter().all(|a| no_placeholder(a)),
+                "{name}: {:?}",
+                r.argv
             );
+            for (path, _) in &r.files {
+                assert!(r.argv.contains(&path.display().to_string()));
+            }
         }
     }
-    assert!(n >= 1);
+    assert!(!no_placeholder("--max-model-len={max_model_len}"));
+    assert!(no_placeholder(r#"{"method":"ngram"}"#));
+    let joint = Space::load_engines(dir, &names.join("+")).unwrap();
+    assert_eq!(joint.baselines().len(), names.len());
 }

@@ -1,18 +1,29 @@
 //! Search spaces: one TOML file per engine (`search-spaces/*.toml`) describing how to start the
-//! engine and which of its flags to search, with each flag's type, range, engine default, the
-//! source the default was read from, conditions, and known constraints between flags.
-//! Pure: parsing, validation, sampling, constraint repair and rendering to an argv vector. No
-//! I/O beyond reading the file, never a shell.
+//! engine (argv template, version and `--help` commands, readiness endpoints and time limits,
+//! Prometheus metric names, failure log patterns, study variables) and which of its flags to
+//! search, with each flag's type, range, engine default, the source the default was read from,
+//! conditions, version gates and known constraints between flags.
 //!
-//! This is the first part of the engines issue: version gates, JSON/YAML-valued flags and the
-//! cross-engine choice parameter come next.
+//! Pure: parsing, validation, sampling and constraint repair live here; rendering to an argv
+//! vector (never a shell) in `render`; the cross-engine space, version gates and `--help`
+//! probing in `joint`. No I/O beyond reading the file.
+
+mod joint;
+mod render;
+pub mod text;
+
+pub use joint::help_mentions;
+pub use render::{RenderCtx, Rendered};
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::engine::launch::Ladder;
 
 #[derive(Debug, Error)]
 pub enum SpaceError {
@@ -28,6 +39,8 @@ pub enum SpaceError {
         line: usize,
         message: String,
     },
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// A parameter value.
@@ -51,8 +64,51 @@ impl std::fmt::Display for Value {
     }
 }
 
+/// The categorical value that means "leave this out" (flag omitted, key absent).
+pub const NONE: &str = "none";
+
 /// One point of the space: parameter name → value (inactive parameters are absent).
 pub type Config = BTreeMap<String, Value>;
+
+/// A `when` condition on another parameter: one value, or any of several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Cond {
+    One(Value),
+    Any(Vec<Value>),
+}
+
+impl Cond {
+    pub fn holds(&self, v: Option<&Value>) -> bool {
+        match (self, v) {
+            (Cond::One(want), Some(v)) => want == v,
+            (Cond::Any(want), Some(v)) => want.contains(v),
+            (_, None) => false,
+        }
+    }
+}
+
+/// Seconds per readiness rung; absent ones take the launcher's defaults.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadyLimits {
+    pub alive_s: Option<f64>,
+    pub port_s: Option<f64>,
+    pub health_s: Option<f64>,
+    pub models_s: Option<f64>,
+    pub first_token_s: Option<f64>,
+}
+
+/// The canonical metric keys an engine file may map to its Prometheus names.
+pub const METRIC_KEYS: &[&str] = &[
+    "running",
+    "waiting",
+    "kv_cache_usage",
+    "prefix_cache_hit_rate",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "preemptions_total",
+];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -60,18 +116,37 @@ pub struct EngineMeta {
     pub name: String,
     #[serde(default)]
     pub description: String,
-    /// The command, one argv element each; `{binary}`, `{model}`, `{host}`, `{port}` are replaced
-    /// element by element (never through a shell).
+    /// The command, one argv element each; `{binary}`, `{model}`, `{host}`, `{port}` and the
+    /// study variables (`{max_model_len}`…) are replaced element by element (never a shell).
     pub argv: Vec<String>,
     /// The executable `{binary}` stands for.
     pub binary: String,
+    /// Prints the engine's version (the first dotted number in its output is taken).
     #[serde(default)]
     pub version_argv: Vec<String>,
+    /// Prints the engine's flags; flags of the space it does not mention are dropped.
+    #[serde(default)]
+    pub help_argv: Vec<String>,
     #[serde(default = "default_health")]
     pub health: String,
+    #[serde(default = "default_models")]
+    pub models: String,
+    #[serde(default)]
+    pub ready: ReadyLimits,
     /// Arguments every trial gets (the study's fixed arguments).
     #[serde(default)]
     pub fixed: Vec<String>,
+    /// Study variables with their defaults (`max_model_len`, `gpu_count`…): usable as `{name}`
+    /// in `argv`/`fixed` and as the right-hand side of a constraint; a study overrides them.
+    #[serde(default)]
+    pub vars: BTreeMap<String, i64>,
+    /// The flag that takes the YAML file built from the `yaml_key` parameters.
+    #[serde(default)]
+    pub yaml_flag: Option<String>,
+    /// Canonical metric (one of `METRIC_KEYS`) → Prometheus names, newest first (engines
+    /// rename them: vLLM's `gpu_cache_usage_perc` became `kv_cache_usage_perc`).
+    #[serde(default)]
+    pub metrics: BTreeMap<String, Vec<String>>,
     /// Log substrings that prove a failure class (`oom`, `unsupported`, `bad_flag`,
     /// `port_in_use`), checked before the built-in ones.
     #[serde(default)]
@@ -82,7 +157,26 @@ fn default_health() -> String {
     "/health".into()
 }
 
-/// How a parameter's value becomes arguments.
+fn default_models() -> String {
+    "/v1/models".into()
+}
+
+impl EngineMeta {
+    /// The readiness ladder with this engine's time limits.
+    pub fn ladder(&self) -> Ladder {
+        let d = Ladder::default();
+        let secs = |s: Option<f64>, dflt: Duration| s.map(Duration::from_secs_f64).unwrap_or(dflt);
+        Ladder {
+            alive: secs(self.ready.alive_s, d.alive),
+            port: secs(self.ready.port_s, d.port),
+            health: secs(self.ready.health_s, d.health),
+            models: secs(self.ready.models_s, d.models),
+            first_token: secs(self.ready.first_token_s, d.first_token),
+        }
+    }
+}
+
+/// How a flag parameter's value becomes arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Render {
@@ -123,21 +217,32 @@ pub enum Kind {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Param {
     pub name: String,
-    /// The command-line flag (`--parallel`); absent for environment-only parameters.
+    /// The command-line flag (`--parallel`).
     #[serde(default)]
     pub flag: Option<String>,
     /// An environment variable that carries the value instead of (or besides) the flag.
     #[serde(default)]
     pub env: Option<String>,
+    /// A dotted key in the YAML file passed with `engine.yaml_flag`
+    /// (`kv_cache_config.enable_block_reuse`).
+    #[serde(default)]
+    pub yaml_key: Option<String>,
+    /// A JSON-valued flag (`--speculative-config`) this parameter is one key of; every
+    /// parameter naming the same flag is merged into one object.
+    #[serde(default)]
+    pub json_flag: Option<String>,
+    /// The (dotted) key inside that JSON object.
+    #[serde(default)]
+    pub json_key: Option<String>,
     #[serde(flatten)]
     pub kind: Kind,
     /// The engine's own default.
     pub default: Value,
     #[serde(default)]
     pub render: Render,
-    /// Active only when every listed parameter has the given value.
+    /// Active only when every listed parameter has the given value (or one of the values).
     #[serde(default)]
-    pub when: BTreeMap<String, Value>,
+    pub when: BTreeMap<String, Cond>,
     /// Where the name, default and range come from (file and line of the engine's source).
     pub source: String,
     /// Version gate: the flag exists from this engine version on (new or renamed flags).
@@ -147,6 +252,28 @@ pub struct Param {
     #[serde(default)]
     pub until: Option<String>,
 }
+
+/// The keys a `[[param]]` table may have (serde cannot deny unknown ones through `flatten`).
+const PARAM_KEYS: &[&str] = &[
+    "name",
+    "flag",
+    "env",
+    "yaml_key",
+    "json_flag",
+    "json_key",
+    "type",
+    "min",
+    "max",
+    "log",
+    "step",
+    "values",
+    "default",
+    "render",
+    "when",
+    "source",
+    "since",
+    "until",
+];
 
 /// Compares dotted versions numerically (`0.10.2` > `0.9.12`); a non-numeric suffix of a part
 /// (`1.2.0rc1`, `0.5.5.post1`) is ignored, so pre-releases count as their release.
@@ -173,6 +300,24 @@ pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
     std::cmp::Ordering::Equal
 }
 
+/// The version in an engine's `--version` output: the first token that starts with a digit
+/// and is made of digits and dots (with an optional suffix such as `rc1` or `.post1`).
+pub fn parse_version(output: &str) -> Option<String> {
+    output
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | '(' | ')' | ':' | '='))
+        .map(|t| t.trim_start_matches('v'))
+        .find(|t| {
+            t.chars().next().is_some_and(|c| c.is_ascii_digit())
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+' || c == '-')
+                && t.chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.')
+                    .count()
+                    >= 1
+        })
+        .map(str::to_owned)
+}
+
 impl Param {
     /// Whether the flag exists in engine `version` (by its `since`/`until` gates).
     pub fn exists_in(&self, version: &str) -> bool {
@@ -187,7 +332,8 @@ impl Param {
     }
 }
 
-/// `lhs <= rhs` (or `>=`) between two integer parameters.
+/// `lhs <= rhs` (or `>=`): `lhs` a parameter, `rhs` a parameter, a study variable `{name}` or an
+/// integer; optionally only when other parameters have given values.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Constraint {
@@ -197,6 +343,8 @@ pub struct Constraint {
     /// `clamp`: move `lhs` to the bound; `reject`: the point is invalid.
     #[serde(default = "default_repair")]
     pub repair: String,
+    #[serde(default)]
+    pub when: BTreeMap<String, Cond>,
     #[serde(default)]
     pub source: String,
 }
@@ -215,16 +363,26 @@ struct RawFile {
     constraints: Vec<toml::Spanned<Constraint>>,
 }
 
-/// A validated search space.
+/// A validated search space: one engine's, or (see `Space::joint`) several engines' behind an
+/// `engine` choice parameter.
 #[derive(Debug, Clone)]
 pub struct Space {
     pub engine: EngineMeta,
     pub params: Vec<Param>,
     pub constraints: Vec<Constraint>,
+    /// Study variables in force (the file's defaults, then the study's overrides).
+    pub vars: BTreeMap<String, i64>,
+    /// For a joint space: the engines' own spaces, in the order of the `engine` values.
+    pub members: Vec<Space>,
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The name of the study variable in `{name}`, if `s` is one.
+fn var_ref(s: &str) -> Option<&str> {
+    s.strip_prefix('{').and_then(|r| r.strip_suffix('}'))
 }
 
 impl Space {
@@ -234,6 +392,44 @@ impl Space {
             source,
         })?;
         Space::parse(&text, &path.display().to_string())
+    }
+
+    /// Loads `<dir>/<engine>.toml`, or every engine of a `a+b` list as a joint space.
+    pub fn load_engines(dir: &Path, engines: &str) -> Result<Space, SpaceError> {
+        let names: Vec<&str> = engines.split(['+', ',']).map(str::trim).collect();
+        let mut spaces = Vec::new();
+        for n in &names {
+            let path = dir.join(format!("{n}.toml"));
+            if !path.exists() {
+                let known = Space::available(dir);
+                return Err(SpaceError::Usage(format!(
+                    "no search space for engine {n:?} in {} (have: {})",
+                    dir.display(),
+                    known.join(", ")
+                )));
+            }
+            spaces.push(Space::load(&path)?);
+        }
+        if spaces.len() == 1 {
+            Ok(spaces.remove(0))
+        } else {
+            Space::joint(spaces)
+        }
+    }
+
+    /// The engine names with a space file in `dir`, sorted.
+    pub fn available(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let p = e.path();
+                (p.extension()? == "toml").then(|| p.file_stem()?.to_str().map(str::to_owned))?
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// Parses and validates; every error names the file, the line and the field.
@@ -247,6 +443,29 @@ impl Space {
             let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
             invalid(line, e.message().to_owned())
         })?;
+        // Unknown keys inside [[param]] (serde's `flatten` lets them through).
+        if let Ok(toml::Value::Table(t)) = toml::from_str::<toml::Value>(text) {
+            if let Some(toml::Value::Array(ps)) = t.get("param") {
+                for (i, p) in ps.iter().enumerate() {
+                    let Some(p) = p.as_table() else { continue };
+                    if let Some(k) = p.keys().find(|k| !PARAM_KEYS.contains(&k.as_str())) {
+                        let line = raw
+                            .params
+                            .get(i)
+                            .map_or(0, |s| line_of(text, s.span().start));
+                        return Err(invalid(
+                            line,
+                            format!(
+                                "param {:?}: unknown field `{k}` (known: {})",
+                                p.get("name").and_then(|n| n.as_str()).unwrap_or("?"),
+                                PARAM_KEYS.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        let engine_line = line_of(text, text.find("[engine").unwrap_or(0));
         let mut names = BTreeMap::new();
         for p in &raw.params {
             let line = line_of(text, p.span().start);
@@ -255,66 +474,41 @@ impl Space {
             if names.insert(q.name.clone(), line).is_some() {
                 return Err(bad("defined twice".into()));
             }
-            if q.flag.is_none() && q.env.is_none() {
-                return Err(bad("needs a `flag` or an `env`".into()));
+            if q.name == "engine" || q.name.contains('.') {
+                return Err(bad("`engine` and names with a dot are reserved".into()));
+            }
+            let carriers = [
+                q.flag.is_some(),
+                q.yaml_key.is_some(),
+                q.json_flag.is_some(),
+            ]
+            .iter()
+            .filter(|b| **b)
+            .count();
+            if carriers > 1 {
+                return Err(bad(
+                    "has more than one of `flag`, `yaml_key`, `json_flag`".into()
+                ));
+            }
+            if carriers == 0 && q.env.is_none() {
+                return Err(bad(
+                    "needs a `flag`, `env`, `yaml_key` or `json_flag`".into()
+                ));
+            }
+            if q.json_flag.is_some() != q.json_key.is_some() {
+                return Err(bad("`json_flag` and `json_key` go together".into()));
+            }
+            if q.yaml_key.is_some() && raw.engine.yaml_flag.is_none() {
+                return Err(bad(
+                    "has a `yaml_key` but [engine] has no `yaml_flag`".into()
+                ));
             }
             if q.source.trim().is_empty() {
                 return Err(bad(
                     "`source` must say where the flag and its default come from".into(),
                 ));
             }
-            match (&q.kind, &q.default) {
-                (
-                    Kind::Int {
-                        min,
-                        max,
-                        log,
-                        step,
-                    },
-                    d,
-                ) => {
-                    if min > max {
-                        return Err(bad(format!("min {min} > max {max}")));
-                    }
-                    if *log && *min <= 0 {
-                        return Err(bad("a log-scale range needs min > 0".into()));
-                    }
-                    if step.is_some_and(|s| s <= 0) {
-                        return Err(bad("step must be > 0".into()));
-                    }
-                    if !matches!(d, Value::Int(_)) {
-                        return Err(bad(format!("default {d} is not an integer")));
-                    }
-                }
-                (Kind::Float { min, max, log }, d) => {
-                    if !(min.is_finite() && max.is_finite()) || min > max {
-                        return Err(bad(format!("invalid range [{min}, {max}]")));
-                    }
-                    if *log && *min <= 0.0 {
-                        return Err(bad("a log-scale range needs min > 0".into()));
-                    }
-                    if !matches!(d, Value::Float(_) | Value::Int(_)) {
-                        return Err(bad(format!("default {d} is not a number")));
-                    }
-                }
-                (Kind::Categorical { values }, d) => {
-                    if values.is_empty() {
-                        return Err(bad("`values` is empty".into()));
-                    }
-                    if !values.iter().any(|v| *v == d.to_string()) {
-                        return Err(bad(format!("default {d:?} is not one of {values:?}")));
-                    }
-                }
-                (Kind::Bool, d) => {
-                    if !matches!(d, Value::Bool(_)) {
-                        return Err(bad(format!("default {d} is not a boolean")));
-                    }
-                }
-            }
-            if matches!(q.render, Render::Switch | Render::Present) && !matches!(q.kind, Kind::Bool)
-            {
-                return Err(bad("render `switch`/`present` is for booleans".into()));
-            }
+            validate_kind(q).map_err(bad)?;
         }
         for p in &raw.params {
             for dep in p.get_ref().when.keys() {
@@ -332,13 +526,30 @@ impl Space {
         for c in &raw.constraints {
             let line = line_of(text, c.span().start);
             let k = c.get_ref();
-            for side in [&k.lhs, &k.rhs] {
-                if !names.contains_key(side) {
-                    return Err(invalid(
-                        line,
-                        format!("constraint: unknown parameter {side:?}"),
-                    ));
-                }
+            if !names.contains_key(&k.lhs) {
+                return Err(invalid(
+                    line,
+                    format!("constraint: unknown parameter {:?} in `lhs`", k.lhs),
+                ));
+            }
+            let rhs_ok = names.contains_key(&k.rhs)
+                || k.rhs.parse::<i64>().is_ok()
+                || var_ref(&k.rhs).is_some_and(|v| raw.engine.vars.contains_key(v));
+            if !rhs_ok {
+                return Err(invalid(
+                    line,
+                    format!(
+                        "constraint: `rhs` {:?} is not a parameter, an integer or a variable of [engine.vars] ({})",
+                        k.rhs,
+                        raw.engine.vars.keys().map(|v| format!("{{{v}}}")).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            if let Some(dep) = k.when.keys().find(|d| !names.contains_key(*d)) {
+                return Err(invalid(
+                    line,
+                    format!("constraint: `when` names unknown parameter {dep:?}"),
+                ));
             }
             if k.op != "<=" && k.op != ">=" {
                 return Err(invalid(
@@ -367,9 +578,35 @@ impl Space {
                 ));
             }
         }
-        if !raw.engine.argv.iter().any(|a| a.contains("{binary}")) {
-            return Err(invalid(1, "engine.argv must contain {binary}".into()));
+        if let Some(k) = raw
+            .engine
+            .metrics
+            .keys()
+            .find(|k| !METRIC_KEYS.contains(&k.as_str()))
+        {
+            return Err(invalid(
+                line_of(text, text.find("[engine.metrics]").unwrap_or(0)),
+                format!("engine.metrics: unknown metric {k:?} (one of {METRIC_KEYS:?})"),
+            ));
         }
+        if !raw.engine.argv.iter().any(|a| a.contains("{binary}")) {
+            return Err(invalid(
+                engine_line,
+                "engine.argv must contain {binary}".into(),
+            ));
+        }
+        for (what, s) in [
+            ("health", &raw.engine.health),
+            ("models", &raw.engine.models),
+        ] {
+            if !s.starts_with('/') {
+                return Err(invalid(
+                    engine_line,
+                    format!("engine.{what} must be a path starting with '/', got {s:?}"),
+                ));
+            }
+        }
+        let vars = raw.engine.vars.clone();
         Ok(Space {
             engine: raw.engine,
             params: raw.params.into_iter().map(|p| p.into_inner()).collect(),
@@ -378,43 +615,42 @@ impl Space {
                 .into_iter()
                 .map(|c| c.into_inner())
                 .collect(),
+            vars,
+            members: Vec::new(),
         })
     }
 
-    /// The space as a given engine version sees it: parameters whose version gates exclude the
-    /// version are dropped (with the constraints and conditions that name them), and their names
-    /// returned so that the caller can warn.
-    pub fn for_version(&self, version: &str) -> (Space, Vec<String>) {
-        let (keep, dropped): (Vec<&Param>, Vec<&Param>) =
-            self.params.iter().partition(|p| p.exists_in(version));
-        let dropped: Vec<String> = dropped.iter().map(|p| p.name.clone()).collect();
-        let gone = |n: &String| dropped.contains(n);
-        let params = keep
-            .into_iter()
-            .filter(|p| !p.when.keys().any(gone))
-            .cloned()
-            .collect();
-        let constraints = self
-            .constraints
-            .iter()
-            .filter(|c| !gone(&c.lhs) && !gone(&c.rhs))
-            .cloned()
-            .collect();
-        (
-            Space {
-                engine: self.engine.clone(),
-                params,
-                constraints,
-            },
-            dropped,
-        )
+    /// Sets study variables (`max_model_len`, `gpu_count`…); a name the engine file does not
+    /// declare is an error naming it.
+    pub fn set_vars(&mut self, vars: &BTreeMap<String, i64>) -> Result<(), SpaceError> {
+        for (k, v) in vars {
+            let mut known = self.vars.contains_key(k);
+            for m in &mut self.members {
+                if m.vars.contains_key(k) {
+                    m.vars.insert(k.clone(), *v);
+                    known = true;
+                }
+            }
+            if !known {
+                return Err(SpaceError::Usage(format!(
+                    "unknown variable {k:?} for engine {} (declared: {})",
+                    self.engine.name,
+                    self.vars.keys().cloned().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            if self.vars.contains_key(k) {
+                self.vars.insert(k.clone(), *v);
+            }
+        }
+        Ok(())
     }
 
     fn active(&self, p: &Param, cfg: &Config) -> bool {
-        p.when.iter().all(|(k, v)| cfg.get(k) == Some(v))
+        p.when.iter().all(|(k, c)| c.holds(cfg.get(k)))
     }
 
-    /// The engine's defaults: the baseline every trial is compared with.
+    /// The engine's defaults: the baseline every trial is compared with (for a joint space,
+    /// the first engine's).
     pub fn defaults(&self) -> Config {
         let mut cfg = Config::new();
         for p in &self.params {
@@ -425,8 +661,40 @@ impl Space {
         cfg
     }
 
-    /// A uniformly random point (log-uniform where marked), repaired against the constraints.
+    /// Every engine's defaults: one baseline per engine of a joint space, else one.
+    pub fn baselines(&self) -> Vec<Config> {
+        if self.members.is_empty() {
+            return vec![self.defaults()];
+        }
+        self.members
+            .iter()
+            .map(|m| {
+                let mut cfg = Config::new();
+                cfg.insert("engine".into(), Value::Str(m.engine.name.clone()));
+                for p in &self.params {
+                    if p.name != "engine" && self.active(p, &cfg) {
+                        cfg.insert(p.name.clone(), p.default.clone());
+                    }
+                }
+                cfg
+            })
+            .collect()
+    }
+
+    /// A uniformly random point (log-uniform where marked), repaired against the constraints;
+    /// points a `reject` constraint refuses are drawn again (up to 100 times).
     pub fn sample(&self, rng: &mut impl Rng) -> Result<Config, String> {
+        let mut last = String::new();
+        for _ in 0..100 {
+            match self.sample_once(rng) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(format!("no valid point in 100 draws; the last: {last}"))
+    }
+
+    fn sample_once(&self, rng: &mut impl Rng) -> Result<Config, String> {
         let mut cfg = Config::new();
         // Parameters are sampled in file order, so a condition refers to an earlier one.
         for p in &self.params {
@@ -449,11 +717,14 @@ impl Space {
                     let s = step.unwrap_or(1);
                     Value::Int((min + (x - min) / s * s).clamp(*min, *max))
                 }
-                Kind::Float { min, max, log } => Value::Float(if *log {
-                    rng.random_range(min.ln()..=max.ln()).exp()
-                } else {
-                    rng.random_range(*min..=*max)
-                }),
+                Kind::Float { min, max, log } => {
+                    let x = if *log {
+                        rng.random_range(min.ln()..=max.ln()).exp()
+                    } else {
+                        rng.random_range(*min..=*max)
+                    };
+                    Value::Float(round_float(x).clamp(*min, *max))
+                }
                 Kind::Categorical { values } => {
                     Value::Str(values[rng.random_range(0..values.len())].clone())
                 }
@@ -465,14 +736,54 @@ impl Space {
         Ok(cfg)
     }
 
+    /// Drops values of parameters whose conditions no longer hold, in file order.
+    pub fn prune(&self, cfg: &mut Config) {
+        let mut out = Config::new();
+        if let Some(e) = cfg.get("engine") {
+            out.insert("engine".into(), e.clone());
+        }
+        for p in &self.params {
+            if let Some(v) = cfg.get(&p.name) {
+                if self.active(p, &out) {
+                    out.insert(p.name.clone(), v.clone());
+                }
+            }
+        }
+        *cfg = out;
+    }
+
+    /// The right-hand side of a constraint for a point, if it has one.
+    fn rhs_value(&self, c: &Constraint, cfg: &Config) -> Option<i64> {
+        if let Ok(n) = c.rhs.parse::<i64>() {
+            return Some(n);
+        }
+        if let Some(v) = var_ref(&c.rhs) {
+            // A joint space keeps the variables in its members; names are the same.
+            return self
+                .vars
+                .get(v)
+                .or_else(|| self.members.iter().find_map(|m| m.vars.get(v)))
+                .copied();
+        }
+        match cfg.get(&c.rhs) {
+            Some(Value::Int(r)) => Some(*r),
+            _ => None,
+        }
+    }
+
     /// Applies the known constraints: clamps where allowed, else says why the point is invalid.
     pub fn repair(&self, cfg: &mut Config) -> Result<(), String> {
         for c in &self.constraints {
-            let (Some(Value::Int(l)), Some(Value::Int(r))) = (cfg.get(&c.lhs), cfg.get(&c.rhs))
-            else {
+            if !c.when.iter().all(|(k, w)| w.holds(cfg.get(k))) {
+                continue;
+            }
+            let Some(Value::Int(l)) = cfg.get(&c.lhs) else {
                 continue;
             };
-            let (l, r) = (*l, *r);
+            let l = *l;
+            let Some(r) = self.rhs_value(c, cfg) else {
+                continue;
+            };
             let ok = if c.op == "<=" { l <= r } else { l >= r };
             if ok {
                 continue;
@@ -483,193 +794,95 @@ impl Space {
                     c.lhs, c.lhs, c.op, c.rhs
                 ));
             }
+            let bound = self
+                .params
+                .iter()
+                .find(|p| p.name == c.lhs)
+                .and_then(|p| match p.kind {
+                    Kind::Int { min, max, .. } => Some((min, max)),
+                    _ => None,
+                });
+            if let Some((min, max)) = bound {
+                if r < min || r > max {
+                    return Err(format!(
+                        "{} cannot satisfy {} {} {} = {r} within its range [{min}, {max}]",
+                        c.lhs, c.lhs, c.op, c.rhs
+                    ));
+                }
+            }
             cfg.insert(c.lhs.clone(), Value::Int(r));
         }
         Ok(())
     }
+}
 
-    /// The argv and environment of a point. Parameters at their engine default are left out,
-    /// so the defaults render as the bare command.
-    pub fn render(
-        &self,
-        cfg: &Config,
-        model: &str,
-        host: &str,
-        port: u16,
-    ) -> (Vec<String>, Vec<(String, String)>) {
-        let subst = |a: &str| {
-            a.replace("{binary}", &self.engine.binary)
-                .replace("{model}", model)
-                .replace("{host}", host)
-                .replace("{port}", &port.to_string())
-        };
-        let mut argv: Vec<String> = self.engine.argv.iter().map(|a| subst(a)).collect();
-        argv.extend(self.engine.fixed.iter().map(|a| subst(a)));
-        let mut env = Vec::new();
-        for p in &self.params {
-            let Some(v) = cfg.get(&p.name) else { continue };
-            if *v == p.default {
-                continue;
+/// Three significant digits: a command line reads `0.873`, not `0.8731951`, and no engine
+/// knob is finer than that.
+pub fn round_float(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
+    (x * scale).round() / scale
+}
+
+fn validate_kind(q: &Param) -> Result<(), String> {
+    match (&q.kind, &q.default) {
+        (
+            Kind::Int {
+                min,
+                max,
+                log,
+                step,
+            },
+            d,
+        ) => {
+            if min > max {
+                return Err(format!("min {min} > max {max}"));
             }
-            if let Some(e) = &p.env {
-                env.push((e.clone(), v.to_string()));
+            if *log && *min <= 0 {
+                return Err("a log-scale range needs min > 0".into());
             }
-            let Some(flag) = &p.flag else { continue };
-            match (p.render, v) {
-                (Render::Switch, Value::Bool(true)) | (Render::Present, Value::Bool(true)) => {
-                    argv.push(flag.clone())
-                }
-                (Render::Switch, Value::Bool(false)) => {
-                    argv.push(format!("--no-{}", flag.trim_start_matches('-')))
-                }
-                (Render::Present, Value::Bool(false)) => {}
-                (Render::Equals, v) => argv.push(format!("{flag}={v}")),
-                (_, v) => {
-                    argv.push(flag.clone());
-                    argv.push(v.to_string());
-                }
+            if step.is_some_and(|s| s <= 0) {
+                return Err("step must be > 0".into());
+            }
+            if !matches!(d, Value::Int(_)) {
+                return Err(format!("default {d} is not an integer"));
             }
         }
-        (argv, env)
+        (Kind::Float { min, max, log }, d) => {
+            if !(min.is_finite() && max.is_finite()) || min > max {
+                return Err(format!("invalid range [{min}, {max}]"));
+            }
+            if *log && *min <= 0.0 {
+                return Err("a log-scale range needs min > 0".into());
+            }
+            if !matches!(d, Value::Float(_) | Value::Int(_)) {
+                return Err(format!("default {d} is not a number"));
+            }
+        }
+        (Kind::Categorical { values }, d) => {
+            if values.is_empty() {
+                return Err("`values` is empty".into());
+            }
+            if !values.iter().any(|v| *v == d.to_string()) {
+                return Err(format!("default {d:?} is not one of {values:?}"));
+            }
+        }
+        (Kind::Bool, d) => {
+            if !matches!(d, Value::Bool(_)) {
+                return Err(format!("default {d} is not a boolean"));
+            }
+        }
     }
+    if matches!(q.render, Render::Switch | Render::Present) && !matches!(q.kind, Kind::Bool) {
+        return Err("render `switch`/`present` is for booleans".into());
+    }
+    if q.render != Render::Space && q.flag.is_none() {
+        return Err("`render` applies to a `flag`".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
-
-    const MINI: &str = r#"
-[engine]
-name = "x"
-binary = "x-server"
-argv = ["{binary}", "-m", "{model}", "--port", "{port}"]
-
-[[param]]
-name = "batch"
-flag = "--batch"
-type = "int"
-min = 32
-max = 4096
-log = true
-default = 2048
-source = "test"
-
-[[param]]
-name = "ubatch"
-flag = "--ubatch"
-type = "int"
-min = 32
-max = 4096
-log = true
-default = 512
-source = "test"
-
-[[param]]
-name = "cb"
-flag = "--cb"
-type = "bool"
-render = "switch"
-default = true
-source = "test"
-
-[[param]]
-name = "mode"
-flag = "--mode"
-type = "categorical"
-values = ["a", "b"]
-default = "a"
-render = "equals"
-when = { cb = true }
-source = "test"
-
-[[constraint]]
-lhs = "ubatch"
-op = "<="
-rhs = "batch"
-"#;
-
-    #[test]
-    fn defaults_render_as_the_bare_command() {
-        let s = Space::parse(MINI, "mini.toml").unwrap();
-        let d = s.defaults();
-        let (argv, env) = s.render(&d, "m.gguf", "127.0.0.1", 9);
-        assert_eq!(argv, ["x-server", "-m", "m.gguf", "--port", "9"]);
-        assert!(env.is_empty());
-    }
-
-    #[test]
-    fn samples_respect_ranges_conditions_and_constraints() {
-        let s = Space::parse(MINI, "mini.toml").unwrap();
-        let mut rng = StdRng::seed_from_u64(1);
-        for _ in 0..500 {
-            let c = s.sample(&mut rng).unwrap();
-            let (Value::Int(b), Value::Int(u)) = (&c["batch"], &c["ubatch"]) else {
-                panic!()
-            };
-            assert!((32..=4096).contains(b) && u <= b);
-            assert_eq!(c.contains_key("mode"), c["cb"] == Value::Bool(true));
-        }
-        let mut c = s.defaults();
-        c.insert("cb".into(), Value::Bool(false));
-        c.insert("batch".into(), Value::Int(64));
-        let (argv, _) = s.render(&c, "m", "h", 1);
-        assert!(argv.contains(&"--no-cb".to_string()));
-        assert!(argv.windows(2).any(|w| w == ["--batch", "64"]));
-    }
-
-    #[test]
-    fn version_gates_drop_flags_outside_their_versions() {
-        assert_eq!(
-            compare_versions("0.10.2", "0.9.12"),
-            std::cmp::Ordering::Greater
-        );
-        assert_eq!(
-            compare_versions("v1.2.0rc1", "1.2.0"),
-            std::cmp::Ordering::Equal
-        );
-        assert_eq!(
-            compare_versions("0.5.5.post1", "0.5.5"),
-            std::cmp::Ordering::Equal
-        );
-        let gated = MINI.replace(
-            "render = \"equals\"",
-            "render = \"equals\"\nsince = \"2.0\"",
-        );
-        let s = Space::parse(&gated, "g.toml").unwrap();
-        let (old, dropped) = s.for_version("1.9.9");
-        assert_eq!(dropped, vec!["mode".to_string()]);
-        assert!(old.params.iter().all(|p| p.name != "mode"));
-        let (new, dropped) = s.for_version("2.0.0");
-        assert!(dropped.is_empty());
-        assert!(new.params.iter().any(|p| p.name == "mode"));
-        // A dropped parameter takes its constraints with it.
-        let gated = MINI.replace("default = 2048", "default = 2048\nuntil = \"1.0\"");
-        let (s, dropped) = Space::parse(&gated, "g.toml").unwrap().for_version("1.5");
-        assert_eq!(dropped, vec!["batch".to_string()]);
-        assert!(s.constraints.is_empty());
-    }
-
-    #[test]
-    fn errors_name_file_line_and_field() {
-        let bad = MINI.replace(
-            "min = 32\nmax = 4096\nlog = true\ndefault = 512",
-            "min = 5000\nmax = 4096\nlog = true\ndefault = 512",
-        );
-        let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
-        assert!(
-            e.starts_with("f.toml:") && e.contains("\"ubatch\"") && e.contains("min 5000"),
-            "{e}"
-        );
-        let bad = MINI.replace("rhs = \"batch\"", "rhs = \"batchh\"");
-        let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
-        assert!(e.contains("batchh"), "{e}");
-        let bad = MINI.replace("type = \"bool\"", "type = \"boolean\"");
-        let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
-        assert!(e.starts_with("f.toml:"), "{e}");
-        let bad = MINI.replace("default = \"a\"", "default = \"c\"");
-        let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
-        assert!(e.contains("not one of"), "{e}");
-    }
-}
+mod tests;

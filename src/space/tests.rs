@@ -1,0 +1,434 @@
+//! Unit tests of the search-space format: parsing, validation errors, sampling, constraints,
+//! rendering (flags, JSON groups, YAML files), joint spaces, version gates and help probing.
+
+use super::*;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+const MINI: &str = r#"
+[engine]
+name = "x"
+binary = "x-server"
+argv = ["{binary}", "-m", "{model}", "--port", "{port}"]
+
+[[param]]
+name = "batch"
+flag = "--batch"
+type = "int"
+min = 32
+max = 4096
+log = true
+default = 2048
+source = "test"
+
+[[param]]
+name = "ubatch"
+flag = "--ubatch"
+type = "int"
+min = 32
+max = 4096
+log = true
+default = 512
+source = "test"
+
+[[param]]
+name = "cb"
+flag = "--cb"
+type = "bool"
+render = "switch"
+default = true
+source = "test"
+
+[[param]]
+name = "mode"
+flag = "--mode"
+type = "categorical"
+values = ["a", "b"]
+default = "a"
+render = "equals"
+when = { cb = true }
+source = "test"
+
+[[constraint]]
+lhs = "ubatch"
+op = "<="
+rhs = "batch"
+"#;
+
+#[test]
+fn defaults_render_as_the_bare_command() {
+    let s = Space::parse(MINI, "mini.toml").unwrap();
+    let d = s.defaults();
+    let r = s.render(&d, &ctx("m.gguf")).unwrap();
+    let (argv, env) = (r.argv, r.env);
+    assert_eq!(argv, ["x-server", "-m", "m.gguf", "--port", "9"]);
+    assert!(env.is_empty());
+}
+
+#[test]
+fn samples_respect_ranges_conditions_and_constraints() {
+    let s = Space::parse(MINI, "mini.toml").unwrap();
+    let mut rng = StdRng::seed_from_u64(1);
+    for _ in 0..500 {
+        let c = s.sample(&mut rng).unwrap();
+        let (Value::Int(b), Value::Int(u)) = (&c["batch"], &c["ubatch"]) else {
+            panic!()
+        };
+        assert!((32..=4096).contains(b) && u <= b);
+        assert_eq!(c.contains_key("mode"), c["cb"] == Value::Bool(true));
+    }
+    let mut c = s.defaults();
+    c.insert("cb".into(), Value::Bool(false));
+    c.insert("batch".into(), Value::Int(64));
+    let argv = s.render(&c, &ctx("m")).unwrap().argv;
+    assert!(argv.contains(&"--no-cb".to_string()));
+    assert!(argv.windows(2).any(|w| w == ["--batch", "64"]));
+}
+
+#[test]
+fn version_gates_drop_flags_outside_their_versions() {
+    assert_eq!(
+        compare_versions("0.10.2", "0.9.12"),
+        std::cmp::Ordering::Greater
+    );
+    assert_eq!(
+        compare_versions("v1.2.0rc1", "1.2.0"),
+        std::cmp::Ordering::Equal
+    );
+    assert_eq!(
+        compare_versions("0.5.5.post1", "0.5.5"),
+        std::cmp::Ordering::Equal
+    );
+    let gated = MINI.replace(
+        "render = \"equals\"",
+        "render = \"equals\"\nsince = \"2.0\"",
+    );
+    let s = Space::parse(&gated, "g.toml").unwrap();
+    let (old, dropped) = s.for_version("1.9.9");
+    assert_eq!(dropped, vec!["mode".to_string()]);
+    assert!(old.params.iter().all(|p| p.name != "mode"));
+    let (new, dropped) = s.for_version("2.0.0");
+    assert!(dropped.is_empty());
+    assert!(new.params.iter().any(|p| p.name == "mode"));
+    // A dropped parameter takes its constraints with it.
+    let gated = MINI.replace("default = 2048", "default = 2048\nuntil = \"1.0\"");
+    let (s, dropped) = Space::parse(&gated, "g.toml").unwrap().for_version("1.5");
+    assert_eq!(dropped, vec!["batch".to_string()]);
+    assert!(s.constraints.is_empty());
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let bad = MINI.replace(
+        "min = 32\nmax = 4096\nlog = true\ndefault = 512",
+        "min = 5000\nmax = 4096\nlog = true\ndefault = 512",
+    );
+    let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
+    assert!(
+        e.starts_with("f.toml:") && e.contains("\"ubatch\"") && e.contains("min 5000"),
+        "{e}"
+    );
+    let bad = MINI.replace("rhs = \"batch\"", "rhs = \"batchh\"");
+    let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
+    assert!(e.contains("batchh"), "{e}");
+    let bad = MINI.replace("type = \"bool\"", "type = \"boolean\"");
+    let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
+    assert!(e.starts_with("f.toml:"), "{e}");
+    let bad = MINI.replace("default = \"a\"", "default = \"c\"");
+    let e = Space::parse(&bad, "f.toml").unwrap_err().to_string();
+    assert!(e.contains("not one of"), "{e}");
+}
+
+fn ctx(model: &str) -> RenderCtx<'_> {
+    RenderCtx {
+        model,
+        host: "127.0.0.1",
+        port: 9,
+        binary: None,
+        workdir: Path::new("/tmp/trial"),
+    }
+}
+
+/// A TensorRT-LLM-like engine: YAML keys, a JSON group, a conditional constraint on a study
+/// variable.
+const RICH: &str = r#"
+[engine]
+name = "t"
+binary = "t-serve"
+argv = ["{binary}", "serve", "{model}", "--port", "{port}", "--max_seq_len", "{max_model_len}"]
+yaml_flag = "--extra_llm_api_options"
+vars = { max_model_len = 4096, gpu_count = 2 }
+
+[engine.metrics]
+kv_cache_usage = ["t:kv_cache_usage_perc", "t:gpu_cache_usage_perc"]
+
+[[param]]
+name = "max_num_tokens"
+flag = "--max_num_tokens"
+type = "int"
+min = 256
+max = 16384
+default = 8192
+source = "test"
+
+[[param]]
+name = "chunked"
+yaml_key = "enable_chunked_prefill"
+type = "bool"
+default = false
+source = "test"
+
+[[param]]
+name = "reuse"
+yaml_key = "kv_cache_config.enable_block_reuse"
+type = "bool"
+default = true
+source = "test"
+
+[[param]]
+name = "kv_dtype"
+yaml_key = "kv_cache_config.dtype"
+type = "categorical"
+values = ["auto", "fp8"]
+default = "auto"
+source = "test"
+
+[[param]]
+name = "spec"
+json_flag = "--speculative-config"
+json_key = "method"
+type = "categorical"
+values = ["none", "ngram", "mtp"]
+default = "none"
+source = "test"
+
+[[param]]
+name = "spec_k"
+json_flag = "--speculative-config"
+json_key = "num_speculative_tokens"
+type = "int"
+min = 1
+max = 6
+default = 3
+when = { spec = ["ngram", "mtp"] }
+source = "test"
+
+[[param]]
+name = "tp"
+flag = "--tp_size"
+type = "int"
+min = 1
+max = 8
+default = 1
+source = "test"
+
+[[constraint]]
+lhs = "max_num_tokens"
+op = ">="
+rhs = "{max_model_len}"
+when = { chunked = false }
+repair = "clamp"
+
+[[constraint]]
+lhs = "tp"
+op = "<="
+rhs = "{gpu_count}"
+repair = "reject"
+"#;
+
+#[test]
+fn yaml_and_json_groups_render_and_study_variables_apply() {
+    let s = Space::parse(RICH, "t.toml").unwrap();
+    let d = s.defaults();
+    let r = s.render(&d, &ctx("m")).unwrap();
+    assert_eq!(
+        r.argv,
+        [
+            "t-serve",
+            "serve",
+            "m",
+            "--port",
+            "9",
+            "--max_seq_len",
+            "4096"
+        ]
+    );
+    assert!(r.files.is_empty());
+
+    let mut c = d.clone();
+    c.insert("reuse".into(), Value::Bool(false));
+    c.insert("kv_dtype".into(), Value::Str("fp8".into()));
+    c.insert("chunked".into(), Value::Bool(true));
+    c.insert("spec".into(), Value::Str("ngram".into()));
+    c.insert("spec_k".into(), Value::Int(3));
+    let r = s.render(&c, &ctx("m")).unwrap();
+    // The JSON group carries every active member, even one at its default.
+    let i = r
+        .argv
+        .iter()
+        .position(|a| a == "--speculative-config")
+        .unwrap();
+    assert_eq!(
+        r.argv[i + 1],
+        r#"{"method":"ngram","num_speculative_tokens":3}"#
+    );
+    let i = r
+        .argv
+        .iter()
+        .position(|a| a == "--extra_llm_api_options")
+        .unwrap();
+    assert_eq!(r.argv[i + 1], "/tmp/trial/t-extra-options.yaml");
+    let (path, yaml) = &r.files[0];
+    assert_eq!(path, Path::new("/tmp/trial/t-extra-options.yaml"));
+    assert!(
+        yaml.ends_with(
+            "enable_chunked_prefill: true\nkv_cache_config:\n  enable_block_reuse: false\n  dtype: \"fp8\"\n"
+        ),
+        "{yaml}"
+    );
+    assert!(r
+        .display()
+        .contains(r#"--speculative-config '{"method":"ngram","num_speculative_tokens":3}'"#));
+
+    // Without chunked prefill the token budget must hold a whole max-length prompt.
+    let mut c = d.clone();
+    c.insert("max_num_tokens".into(), Value::Int(1024));
+    s.repair(&mut c).unwrap();
+    assert_eq!(c["max_num_tokens"], Value::Int(4096));
+    let mut c = d.clone();
+    c.insert("chunked".into(), Value::Bool(true));
+    c.insert("max_num_tokens".into(), Value::Int(1024));
+    s.repair(&mut c).unwrap();
+    assert_eq!(c["max_num_tokens"], Value::Int(1024));
+    // A study on a longer context moves the bound; tensor parallelism beyond the GPUs is out.
+    let mut s2 = s.clone();
+    s2.set_vars(&[("max_model_len".to_string(), 8192)].into())
+        .unwrap();
+    let mut c = d.clone();
+    c.insert("max_num_tokens".into(), Value::Int(1024));
+    s2.repair(&mut c).unwrap();
+    assert_eq!(c["max_num_tokens"], Value::Int(8192));
+    assert!(s2
+        .render(&c, &ctx("m"))
+        .unwrap()
+        .argv
+        .contains(&"8192".to_string()));
+    let mut c = d.clone();
+    c.insert("tp".into(), Value::Int(4));
+    let e = s.repair(&mut c).unwrap_err();
+    assert!(e.contains("tp = 4 violates tp <= {gpu_count} = 2"), "{e}");
+    let e = s2
+        .set_vars(&[("gpus".to_string(), 1)].into())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"gpus\""), "{e}");
+}
+
+#[test]
+fn bad_rich_files_name_the_field() {
+    let cases = [
+        (
+            RICH.replace("rhs = \"{gpu_count}\"", "rhs = \"{gpus}\""),
+            "{gpus}",
+        ),
+        (
+            RICH.replace("yaml_flag = \"--extra_llm_api_options\"\n", ""),
+            "yaml_flag",
+        ),
+        (RICH.replace("json_key = \"method\"\n", ""), "json_key"),
+        (RICH.replace("kv_cache_usage =", "kv_usage ="), "kv_usage"),
+        (
+            RICH.replace("default = 8192", "default = 8192\nlgo = true"),
+            "`lgo`",
+        ),
+        (
+            RICH.replace("when = { chunked = false }", "when = { chunkd = false }"),
+            "chunkd",
+        ),
+    ];
+    for (text, needle) in cases {
+        let e = Space::parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("t.toml:") && e.contains(needle),
+            "{needle}: {e}"
+        );
+    }
+}
+
+#[test]
+fn a_joint_space_chooses_the_engine_and_renders_its_command() {
+    let a = Space::parse(MINI, "x.toml").unwrap();
+    let b = Space::parse(RICH, "t.toml").unwrap();
+    let j = Space::joint(vec![a, b]).unwrap();
+    assert_eq!(j.params[0].name, "engine");
+    let base = j.baselines();
+    assert_eq!(base.len(), 2);
+    assert_eq!(base[1]["engine"], Value::Str("t".into()));
+    assert!(base[1].keys().all(|k| k == "engine" || k.starts_with("t.")));
+    let r = j.render(&base[1], &ctx("m")).unwrap();
+    assert_eq!(r.argv[0], "t-serve");
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..200 {
+        let c = j.sample(&mut rng).unwrap();
+        let Value::Str(e) = &c["engine"] else {
+            panic!()
+        };
+        seen.insert(e.clone());
+        // Only the chosen engine's parameters are set, and its constraints hold.
+        assert!(c
+            .keys()
+            .all(|k| k == "engine" || k.starts_with(&format!("{e}."))));
+        if e == "x" {
+            let (Value::Int(b), Value::Int(u)) = (&c["x.batch"], &c["x.ubatch"]) else {
+                panic!()
+            };
+            assert!(u <= b);
+        }
+        let r = j.render(&c, &ctx("m")).unwrap();
+        assert_eq!(r.argv[0], if e == "x" { "x-server" } else { "t-serve" });
+    }
+    assert_eq!(seen.len(), 2);
+}
+
+#[test]
+fn help_probing_drops_flags_the_engine_lacks() {
+    assert!(help_mentions(
+        "  -b, --batch-size N   logical batch",
+        "--batch-size"
+    ));
+    assert!(!help_mentions("  --batch-size N", "--batch"));
+    assert!(help_mentions(
+        "  --cb, --no-cb  continuous batching",
+        "--cb"
+    ));
+    assert!(help_mentions("[--ubatch=UBATCH]", "--ubatch"));
+    let s = Space::parse(MINI, "x.toml").unwrap();
+    let help = "usage: x-server [--batch N] [--ubatch N] [--mode M]";
+    let (probed, dropped) = s.probe_help(help);
+    // `mode` is conditional on `cb`, which the help lacks: both go.
+    assert_eq!(dropped, vec!["cb".to_string(), "mode".to_string()]);
+    assert_eq!(probed.params.len(), 2);
+    assert_eq!(probed.constraints.len(), 1);
+    // A help that names none of the flags is no evidence: nothing dropped.
+    let (same, dropped) = s.probe_help("Usage: x-server [OPTIONS]");
+    assert!(dropped.is_empty() && same.params.len() == s.params.len());
+}
+
+#[test]
+fn versions_are_read_from_version_output() {
+    assert_eq!(parse_version("0.11.2\n").as_deref(), Some("0.11.2"));
+    assert_eq!(
+        parse_version("version: 7313 (e7ed4e3)\nbuilt with cc (Debian 12.2.0) 12.2.0").as_deref(),
+        Some("7313")
+    );
+    assert_eq!(
+        parse_version("sglang 0.5.5.post1").as_deref(),
+        Some("0.5.5.post1")
+    );
+    assert_eq!(
+        parse_version("TensorRT-LLM v1.2.0rc4").as_deref(),
+        Some("1.2.0rc4")
+    );
+    assert_eq!(parse_version("no digits here"), None);
+}
