@@ -10,5 +10,7 @@ pub mod mock;
 pub mod setup;
 pub mod signals;
 pub mod space;
+pub mod store;
+pub mod telemetry;
 pub mod tokenizer;
 pub mod util;

@@ -33,11 +33,21 @@ enum Command {
         port: u16,
         #[command(flatten)]
         cfg: MockConfig,
+        #[command(flatten)]
+        profile: servetune::mock::ProfileArgs,
     },
     /// Search-space files: validate, show, sample rendered command lines.
     Space {
         #[command(subcommand)]
         what: SpaceWhat,
+    },
+    /// The engines installed on this node: version, path, flags they lack.
+    Engines {
+        #[arg(long, default_value = "search-spaces")]
+        dir: std::path::PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
     },
     /// Install a real engine and its assets into the cache.
     Setup {
@@ -163,11 +173,35 @@ fn main() -> ExitCode {
                 space_command(what)?;
                 Ok(0)
             }
+            Command::Engines { dir, json } => {
+                use servetune::engine::inventory;
+                let names = servetune::space::Space::available(&dir);
+                if names.is_empty() {
+                    anyhow::bail!("no search-space files (*.toml) in {}", dir.display());
+                }
+                let mut rows = Vec::new();
+                for n in names {
+                    let s = servetune::space::Space::load(&dir.join(format!("{n}.toml")))?;
+                    rows.push(inventory::probe(&s, None, std::time::Duration::from_secs(90)).await);
+                }
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&rows)?);
+                } else {
+                    print!("{}", inventory::table(&rows));
+                }
+                Ok(0)
+            }
             Command::Demo(args) => {
                 servetune::demo::run(args).await?;
                 Ok(0)
             }
-            Command::MockEngine { host, port, cfg } => {
+            Command::MockEngine { host, port, cfg, profile } => {
+                if profile.profile.is_some() {
+                    return Ok(servetune::mock::run_profile_cli(&profile, cfg).await? as u8);
+                }
+                if !profile.engine_args.is_empty() {
+                    anyhow::bail!("engine arguments after `--` need --profile");
+                }
                 Ok(servetune::mock::run_cli(&host, port, cfg).await? as u8)
             }
             Command::Setup {

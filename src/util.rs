@@ -101,3 +101,11 @@ mod tests {
         assert_eq!(timestamp_rfc3339(leap), "2000-02-29T00:00:00Z");
     }
 }
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

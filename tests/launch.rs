@@ -23,6 +23,7 @@ fn spec(dir: &std::path::Path, port: u16, extra: &[&str], ladder: Ladder) -> Lau
         host: "127.0.0.1".into(),
         port,
         health_path: "/health".into(),
+        models_path: "/v1/models".into(),
         log: dir.join(format!("engine-{port}.log")),
         ladder,
     }

@@ -79,6 +79,28 @@ const BUILTIN: &[(&str, &str)] = &[
     // NVIDIA/TensorRT-LLM#4599 and the Qwen3-32B seed report: "RuntimeError: Unsupported SM version for FP8 block scaling GEMM"
     ("unsupported", "Unsupported SM version"),
     ("unsupported", "is not supported on this GPU"),
+    // vLLM model_loader: "The quantization method fp8 is not supported for the current GPU.
+    // Minimum capability: 80. Current capability: 75."
+    ("unsupported", "is not supported for the current GPU"),
+    // vllm/config/parallel.py (vllm PR #30140): "World size (2) is larger than the number of
+    // available GPUs (1) in this node."
+    ("unsupported", "is larger than the number of available GPUs"),
+    ("unsupported", "invalid device ordinal"),
+    // vllm/v1/core/kv_cache_utils.py: the KV cache cannot hold one max-length request
+    // (vllm#25350: "To serve at least one request with the models's max seq len (221000), ...").
+    ("oom", "To serve at least one request with the model"),
+    // SGLang pool_configurator.py / model_runner.py.
+    ("oom", "Not enough memory. Please try to increase --mem-fraction-static"),
+    // TensorRT-LLM py_executor_creator.py (NVIDIA/TensorRT-LLM#5872).
+    ("oom", "Executor creation failed due to insufficient GPU memory"),
+    ("oom", "out of memory"),
+    // vLLM SchedulerConfig: contradictory scheduler flags are refused at start.
+    ("bad_flag", "is smaller than max_model_len"),
+    ("bad_flag", "must be greater than or equal to max_num_seqs"),
+    // argparse for a flag value of the wrong type: "error: argument --max-num-seqs: invalid int value".
+    ("bad_flag", "error: argument "),
+    // llama.cpp common/arg.cpp for a value it cannot parse.
+    ("bad_flag", "error while handling argument"),
 ];
 
 /// Lines that mean CUDA-graph capture was under way (vllm-project/vllm#15598, #12438).
@@ -87,6 +109,7 @@ const GRAPH_CAPTURE: &[&str] = &[
     "Capturing CUDA graph",
     "capture_end",
     "cuda_graph",
+    "Capture cuda graph",
 ];
 
 /// Class patterns: the engine file's first, then the built-ins.

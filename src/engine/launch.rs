@@ -52,6 +52,8 @@ pub struct LaunchSpec {
     pub host: String,
     pub port: u16,
     pub health_path: String,
+    /// The model list (`/v1/models`).
+    pub models_path: String,
     pub log: PathBuf,
     pub ladder: Ladder,
 }
@@ -69,6 +71,8 @@ pub struct Ready {
 pub enum LaunchError {
     #[error(transparent)]
     Process(#[from] ProcessError),
+    #[error("cannot record the engine in the store, so it was stopped: {0}")]
+    Record(String),
     #[error("engine failed at rung {rung:?}: {} ({})", failure.class.key(), failure.evidence)]
     Failed {
         rung: Rung,
@@ -101,7 +105,21 @@ fn fail(
 
 /// Spawns the engine and climbs the ladder.
 pub async fn launch(spec: &LaunchSpec, patterns: &Patterns) -> Result<Ready, LaunchError> {
+    launch_with(spec, patterns, |_| Ok(())).await
+}
+
+/// As `launch`, calling `on_spawn(pgid)` as soon as the process exists (the caller records the
+/// group in the store); an error from it tears the engine down at once.
+pub async fn launch_with(
+    spec: &LaunchSpec,
+    patterns: &Patterns,
+    on_spawn: impl FnOnce(i32) -> Result<(), String>,
+) -> Result<Ready, LaunchError> {
     let mut process = EngineProcess::spawn(&spec.argv, &spec.env, &spec.log)?;
+    if let Err(why) = on_spawn(process.pgid()) {
+        let _ = process.terminate(Duration::from_secs(10));
+        return Err(LaunchError::Record(why));
+    }
     let base = format!("http://{}:{}", spec.host, spec.port);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -174,7 +192,7 @@ pub async fn launch(spec: &LaunchSpec, patterns: &Patterns) -> Result<Ready, Lau
             }
         }
     );
-    let models = format!("{base}/v1/models");
+    let models = format!("{base}{}", spec.models_path);
     let model: String = climb!(
         Rung::Models,
         spec.ladder.models,

@@ -3,5 +3,8 @@
 //! behind); the engine adapters and the readiness ladder build on it.
 
 pub mod failure;
+pub mod inventory;
 pub mod launch;
 pub mod process;
+pub mod reap;
+pub mod trial;

@@ -5,7 +5,16 @@
 //! `start + ttft + k·itl`), so timer granularity does not accumulate and the configured
 //! latencies are what a client should measure.
 //!
+//! With an engine profile (`profile`, `engines`, `sim`, `live`) it imitates vLLM, SGLang,
+//! TensorRT-LLM or llama-server instead: their flags, their start-up failures and messages, and
+//! latencies that follow a continuous-batching model of the flags.
+//!
 //! `serve` runs in-process (tests start it on port 0); `servetune mock-engine` wraps it.
+
+pub mod engines;
+pub mod live;
+pub mod profile;
+pub mod sim;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -101,8 +110,17 @@ pub struct MockStats {
     pub max_running: AtomicU64,
 }
 
+/// Profile mode: the engine model behind the HTTP API.
+pub struct EngineMode {
+    pub profile: String,
+    pub engine: live::Engine,
+    /// Canonical metric → the engine's Prometheus name.
+    pub metric_names: Vec<(String, String)>,
+}
+
 struct Shared {
     cfg: MockConfig,
+    mode: Option<EngineMode>,
     started: Instant,
     stats: Arc<MockStats>,
     slots: Option<Arc<Semaphore>>,
@@ -169,11 +187,21 @@ impl MockConfig {
 
 /// Starts the mock on `listener`; it serves until stopped or crashed.
 pub fn serve(listener: TcpListener, cfg: MockConfig) -> std::io::Result<MockHandle> {
+    serve_mode(listener, cfg, None, Arc::new(Notify::new()))
+}
+
+/// Starts the mock with an optional engine model; `crash` fires when the engine dies (also
+/// used by the model itself for a run-time out-of-memory).
+pub fn serve_mode(
+    listener: TcpListener,
+    cfg: MockConfig,
+    mode: Option<EngineMode>,
+    crash: Arc<Notify>,
+) -> std::io::Result<MockHandle> {
     cfg.validate()
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let addr = listener.local_addr()?;
     let stats = Arc::new(MockStats::default());
-    let crash = Arc::new(Notify::new());
     let shutdown = Arc::new(Notify::new());
     let shared = Arc::new(Shared {
         slots: (cfg.capacity > 0).then(|| Arc::new(Semaphore::new(cfg.capacity))),
@@ -184,6 +212,7 @@ pub fn serve(listener: TcpListener, cfg: MockConfig) -> std::io::Result<MockHand
         stats: stats.clone(),
         crashed: AtomicBool::new(false),
         crash: crash.clone(),
+        mode,
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -285,6 +314,15 @@ async fn detokenize(State(s): State<Arc<Shared>>, Json(r): Json<DetokenizeReq>) 
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    if let Some(mode) = &s.mode {
+        return s.finish(
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                engine_metrics(mode),
+            )
+                .into_response(),
+        );
+    }
     let st = &s.stats;
     let body = format!(
         "# TYPE mock:num_requests_running gauge\nmock:num_requests_running {}\n\
@@ -303,6 +341,34 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         st.prompt_tokens.load(Ordering::Relaxed),
     );
     s.finish(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response())
+}
+
+/// /metrics under the imitated engine's own metric names.
+fn engine_metrics(mode: &EngineMode) -> String {
+    let g = &mode.engine.gauges;
+    let hit_rate = {
+        let p = g.prompt_tokens.load(Ordering::Relaxed);
+        if p == 0 {
+            0.0
+        } else {
+            g.prefix_hit_tokens.load(Ordering::Relaxed) as f64 / p as f64
+        }
+    };
+    let mut out = String::new();
+    for (key, name) in &mode.metric_names {
+        let (kind, v) = match key.as_str() {
+            "running" => ("gauge", g.running.load(Ordering::Relaxed) as f64),
+            "waiting" => ("gauge", g.waiting.load(Ordering::Relaxed) as f64),
+            "kv_cache_usage" => ("gauge", g.kv_usage_ppm.load(Ordering::Relaxed) as f64 / 1e6),
+            "prefix_cache_hit_rate" => ("gauge", hit_rate),
+            "prompt_tokens_total" => ("counter", g.prompt_tokens.load(Ordering::Relaxed) as f64),
+            "generation_tokens_total" => ("counter", g.generated.load(Ordering::Relaxed) as f64),
+            "preemptions_total" => ("counter", g.preemptions.load(Ordering::Relaxed) as f64),
+            _ => continue,
+        };
+        out.push_str(&format!("# TYPE {name} {kind}\n{name}{{model_name=\"mock\"}} {v}\n"));
+    }
+    out
 }
 
 #[derive(Deserialize)]
@@ -432,6 +498,9 @@ async fn generate(s: Arc<Shared>, body: Bytes, chat: bool) -> Response {
         rnd,
         include_usage,
     };
+    if s.mode.is_some() && !s.cfg.hang {
+        return modelled(job, &prompt, req.stream).await;
+    }
     if req.stream {
         let resp = Response::builder()
             .status(StatusCode::OK)
@@ -455,6 +524,117 @@ async fn generate(s: Arc<Shared>, body: Bytes, chat: bool) -> Response {
         };
         s.finish(Json(v).into_response())
     }
+}
+
+/// Profile mode: the request goes through the engine model; the response starts when the first
+/// token (or the refusal) comes back.
+async fn modelled(job: Job, prompt: &str, stream: bool) -> Response {
+    let s = job.s.clone();
+    let mode = s.mode.as_ref().expect("checked by the caller");
+    let ids: Vec<u64> = s.tokenizer.encode(prompt).into_iter().map(u64::from).collect();
+    let blocks = sim::block_hashes(&ids, mode.engine.block_size);
+    let (ticket, mut rx) = mode.engine.submit(job.prompt_tokens, job.n, blocks);
+    let first = tokio::select! {
+        e = rx.recv() => e,
+        _ = s.wait_crash() => None,
+    };
+    let (k, done) = match first {
+        None => return dead_connection(),
+        Some(live::Event::TooLong { prompt, limit }) => {
+            s.stats.failed.fetch_add(1, Ordering::Relaxed);
+            return s.finish(too_long(&mode.profile, prompt, limit));
+        }
+        Some(live::Event::Tokens { n, done }) => (n, done),
+    };
+    if !stream {
+        let mut sent = k;
+        let mut fin = done;
+        while !fin {
+            match tokio::select! { e = rx.recv() => e, _ = s.wait_crash() => None } {
+                Some(live::Event::Tokens { n, done }) => {
+                    sent += n;
+                    fin = done;
+                }
+                _ => return dead_connection(),
+            }
+        }
+        drop(ticket);
+        s.stats.generated_tokens.fetch_add(sent, Ordering::Relaxed);
+        let text: String = (0..sent).map(|i| job.token_text(i)).collect();
+        let usage = json!({"prompt_tokens": job.prompt_tokens, "completion_tokens": sent,
+                           "total_tokens": job.prompt_tokens + sent});
+        let v = if job.chat {
+            json!({"id": job.id, "object": "chat.completion", "created": s.created, "model": s.cfg.model,
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                   "usage": usage})
+        } else {
+            json!({"id": job.id, "object": "text_completion", "created": s.created, "model": s.cfg.model,
+                   "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "usage": usage})
+        };
+        return s.finish(Json(v).into_response());
+    }
+    struct St {
+        job: Job,
+        rx: tokio::sync::mpsc::UnboundedReceiver<live::Event>,
+        _ticket: live::Ticket,
+        sent: u64,
+        next: Option<(u64, bool)>,
+        tail: bool,
+    }
+    let st = St {
+        job,
+        rx,
+        _ticket: ticket,
+        sent: 0,
+        next: Some((k, done)),
+        tail: false,
+    };
+    let body = futures_util::stream::unfold(Some(st), |st| async move {
+        let mut st = st?;
+        if st.tail {
+            return Some((Ok(st.job.tail()), None));
+        }
+        let ev = match st.next.take() {
+            Some(e) => Some(e),
+            None => {
+                let s = st.job.s.clone();
+                tokio::select! {
+                    e = st.rx.recv() => match e {
+                        Some(live::Event::Tokens { n, done }) => Some((n, done)),
+                        _ => None,
+                    },
+                    _ = s.wait_crash() => None,
+                }
+            }
+        };
+        let Some((n, done)) = ev else {
+            return Some((Err(std::io::Error::other("engine crashed")), None));
+        };
+        let text: String = (st.sent..st.sent + n).map(|i| st.job.token_text(i)).collect();
+        let chunk = st.job.chunk(&text, done.then_some("length"), st.sent == 0);
+        st.job.s.stats.generated_tokens.fetch_add(n, Ordering::Relaxed);
+        st.sent += n;
+        st.tail = done;
+        Some((Ok(Bytes::from(chunk)), Some(st)))
+    });
+    let resp = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .expect("static headers are valid");
+    s.finish(resp)
+}
+
+/// The engine's answer to a prompt longer than its context (llama.cpp server-context.cpp;
+/// TensorRT-LLM llm.py `_check_arguments`; vLLM/SGLang validation errors).
+fn too_long(profile: &str, prompt: u64, limit: u64) -> Response {
+    let v = match profile {
+        "llamacpp" => json!({"error": {"code": 400, "message": format!("request ({prompt} tokens) exceeds the available context size ({limit} tokens), try increasing it"), "type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": limit}}),
+        "trtllm" => json!({"object": "error", "message": format!("The sum of prompt length ({prompt}), query length (0) should not exceed max_num_tokens ({limit})"), "type": "BadRequestError", "code": 400}),
+        _ => json!({"object": "error", "message": format!("This model's maximum context length is {limit} tokens. However, your request has {prompt} input tokens."), "type": "BadRequestError", "code": 400}),
+    };
+    (StatusCode::BAD_REQUEST, Json(v)).into_response()
 }
 
 struct Job {
@@ -654,6 +834,153 @@ enum Phase {
     },
     Tail(Job),
     Done,
+}
+
+/// The imitated machine and engine, for `servetune mock-engine --profile …`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProfileArgs {
+    /// Imitate this engine: vllm, sglang, trtllm or llamacpp. Its flags follow `--`.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// The machine: h200, h100, a100, l4 or cpu.
+    #[arg(long, default_value = "h100")]
+    pub mock_hardware: String,
+    /// GPUs on the node (tensor parallelism beyond them fails).
+    #[arg(long, default_value_t = 1)]
+    pub mock_gpus: u32,
+    /// CPU cores (what --threads competes for on the cpu machine).
+    #[arg(long, default_value_t = 16)]
+    pub mock_cores: u32,
+    /// The model: 8b, 32b or 135m.
+    #[arg(long, default_value = "8b")]
+    pub mock_model: String,
+    /// The engine version to report and to gate flags by (default: a recent one per profile).
+    #[arg(long)]
+    pub mock_version: Option<String>,
+    /// Seconds of start-up before the port opens (loading weights).
+    #[arg(long, default_value_t = 0.3)]
+    pub mock_startup_s: f64,
+    /// Step-time noise (log-normal sigma).
+    #[arg(long, default_value_t = 0.02)]
+    pub mock_noise: f64,
+    /// The engine's command line (after `--`).
+    #[arg(last = true)]
+    pub engine_args: Vec<String>,
+}
+
+impl ProfileArgs {
+    pub fn machine(&self, profile: &str) -> Result<profile::Machine, String> {
+        let mut hw = sim::Hardware::preset(&self.mock_hardware, self.mock_cores.max(1)).ok_or_else(|| {
+            format!(
+                "--mock-hardware {:?}: one of h200, h100, a100, l4, cpu",
+                self.mock_hardware
+            )
+        })?;
+        if hw.sm > 0 {
+            hw.gpus = self.mock_gpus.max(1);
+        }
+        let model = sim::ModelSpec::preset(&self.mock_model)
+            .ok_or_else(|| format!("--mock-model {:?}: one of 8b, 32b, 135m", self.mock_model))?;
+        if !self.mock_noise.is_finite() || !(0.0..=1.0).contains(&self.mock_noise) {
+            return Err(format!("--mock-noise must be in [0, 1], got {}", self.mock_noise));
+        }
+        if !self.mock_startup_s.is_finite() || self.mock_startup_s < 0.0 {
+            return Err(format!("--mock-startup-s must be >= 0, got {}", self.mock_startup_s));
+        }
+        Ok(profile::Machine {
+            hw,
+            model,
+            version: self
+                .mock_version
+                .clone()
+                .unwrap_or_else(|| profile::default_version(profile).to_owned()),
+        })
+    }
+}
+
+/// `servetune mock-engine --profile P -- ARGS`: behaves as engine P started with ARGS. Returns
+/// the exit code.
+pub async fn run_profile_cli(p: &ProfileArgs, mut cfg: MockConfig) -> anyhow::Result<i32> {
+    let name = p.profile.clone().unwrap_or_default();
+    let m = p.machine(&name).map_err(anyhow::Error::msg)?;
+    let launch = match profile::parse(&name, &p.engine_args, &m) {
+        Ok(profile::Parsed::Print(text)) => {
+            print!("{text}");
+            return Ok(0);
+        }
+        Err(f) => {
+            tokio::time::sleep(Duration::from_secs_f64(f.after_s)).await;
+            eprint!("{}", f.log);
+            return Ok(f.exit_code);
+        }
+        Ok(profile::Parsed::Serve(l)) => l,
+    };
+    eprintln!(
+        "servetune mock-engine: imitating {name} {} on {} with model {} ({})",
+        m.version, m.hw.name, launch.model, m.model.name
+    );
+    tokio::time::sleep(Duration::from_secs_f64(p.mock_startup_s)).await;
+    eprint!("{}", launch.banner);
+    let listener = match TcpListener::bind((launch.host.as_str(), launch.port)).await {
+        Ok(l) => l,
+        Err(e) => {
+            // llama-server: "couldn't bind HTTP server socket"; uvicorn: "[Errno 98] ... address already in use".
+            if name == "llamacpp" {
+                eprintln!("srv    load_model: couldn't bind HTTP server socket, hostname: {}, port: {}", launch.host, launch.port);
+            } else {
+                eprintln!("ERROR:    [Errno 98] error while attempting to bind on address ('{}', {}): address already in use ({e})", launch.host, launch.port);
+            }
+            return Ok(1);
+        }
+    };
+    let mut settings = launch.settings.clone();
+    settings.noise = p.mock_noise;
+    let seed = cfg.seed;
+    let sched = sim::Sched::new(settings, m.hw.clone(), m.model.clone(), seed);
+    let crash = Arc::new(Notify::new());
+    let c2 = crash.clone();
+    let total = m.hw.mem_gib;
+    let oom_name = name.clone();
+    let engine = live::Engine::start(sched, launch.oom_prefill_tokens, move |tokens| {
+        let tried = tokens as f64 * 1e-5 * 16.0;
+        if oom_name == "trtllm" {
+            eprintln!("[TRT-LLM] [E] Encountered an error in forward function: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (tllmBuffers.h:112)");
+        } else {
+            eprintln!("Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2} GiB. GPU 0 has a total capacity of {total:.2} GiB of which 0.31 GiB is free.");
+        }
+        c2.notify_one();
+    });
+    let s = profile::space(&name, &m.version).map_err(anyhow::Error::msg)?;
+    let metric_names = s
+        .engine
+        .metrics
+        .iter()
+        .filter_map(|(k, names)| names.first().map(|n| (k.clone(), n.clone())))
+        .collect();
+    cfg.model = launch.model.clone();
+    let handle = serve_mode(
+        listener,
+        cfg,
+        Some(EngineMode {
+            profile: name.clone(),
+            engine,
+            metric_names,
+        }),
+        crash,
+    )?;
+    match name.as_str() {
+        "vllm" => eprintln!("(APIServer pid={}) INFO [api_server.py:1333] Starting vLLM API server 0 on {}\n(APIServer pid={0}) INFO:     Application startup complete.", std::process::id(), handle.base_url()),
+        "sglang" => eprintln!("The server is fired up and ready to roll!"),
+        "trtllm" => eprintln!("INFO:     Uvicorn running on {} (Press CTRL+C to quit)", handle.base_url()),
+        _ => eprintln!("main: server is listening on {} - starting the main loop", handle.base_url()),
+    }
+    tokio::select! {
+        _ = handle.crashed() => Ok(1),
+        _ = crate::signals::terminated() => {
+            handle.stop().await;
+            Ok(0)
+        }
+    }
 }
 
 /// `servetune mock-engine`: serve until Ctrl-C; exit 1 after a configured crash.

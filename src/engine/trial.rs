@@ -1,0 +1,233 @@
+//! Starting and stopping the engine of one trial: render the point of the space to an argv
+//! vector (and the files it names), refuse a GPU that foreign processes hold, record the engine
+//! in the store *before* spawning it (with a tag in its environment so a restart can find it),
+//! climb the readiness ladder with the engine file's limits and failure patterns, and on stop
+//! tear the group down, verify it is gone and wait for the GPU memory it held to be free.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::space::{Config, RenderCtx, Rendered, Space};
+use crate::store::{EngineRecord, Store, StoreError};
+use crate::telemetry::{Telemetry, TelemetryError};
+
+use super::failure::Patterns;
+use super::launch::{launch_with, LaunchError, LaunchSpec, Ready};
+use super::process::free_port;
+use super::reap::{groups_with_tag, TAG_ENV};
+
+#[derive(Debug, Error)]
+pub enum TrialError {
+    #[error("cannot render the configuration: {0}")]
+    Render(String),
+    #[error("cannot write {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Gpu(#[from] TelemetryError),
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    #[error("engine {tag} left processes behind after teardown: {why}")]
+    Teardown { tag: String, why: String },
+}
+
+/// How engines are started on this node.
+#[derive(Clone)]
+pub struct Launcher {
+    pub store: Option<Store>,
+    pub telemetry: Telemetry,
+    /// Refuse to launch on a GPU that processes other than our engines use.
+    pub refuse_foreign_gpu_processes: bool,
+    /// How long a teardown waits for the GPU memory to be free again.
+    pub release_timeout: Duration,
+    pub host: String,
+    /// Replaces the `{binary}` element of every engine's argv (the mock engine in tests and on
+    /// machines without the engine: `servetune mock-engine --profile vllm --`).
+    pub binary: Option<Vec<String>>,
+}
+
+impl Launcher {
+    pub fn new(store: Option<Store>, telemetry: Telemetry) -> Launcher {
+        Launcher {
+            store,
+            telemetry,
+            refuse_foreign_gpu_processes: true,
+            release_timeout: Duration::from_secs(60),
+            host: "127.0.0.1".into(),
+            binary: None,
+        }
+    }
+}
+
+/// A started engine of a trial.
+pub struct TrialEngine {
+    pub ready: Ready,
+    pub tag: String,
+    pub port: u16,
+    pub base_url: String,
+    pub rendered: Rendered,
+    pub log: PathBuf,
+    baseline: Vec<(u32, u64)>,
+    launcher: Launcher,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn new_tag() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{nanos:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl Launcher {
+    /// Renders, records and launches. `space` is a single engine's (see `Space::split`);
+    /// `dir` is the trial's directory (log and files).
+    pub async fn start(
+        &self,
+        space: &Space,
+        cfg: &Config,
+        model: &str,
+        dir: &Path,
+    ) -> Result<TrialEngine, TrialError> {
+        std::fs::create_dir_all(dir).map_err(|source| TrialError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let port = free_port().map_err(|source| TrialError::Io {
+            path: "a free port".into(),
+            source,
+        })?;
+        let rendered = space
+            .render(
+                cfg,
+                &RenderCtx {
+                    model,
+                    host: &self.host,
+                    port,
+                    binary: self.binary.as_deref(),
+                    workdir: dir,
+                },
+            )
+            .map_err(TrialError::Render)?;
+        for (path, text) in &rendered.files {
+            std::fs::write(path, text).map_err(|source| TrialError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+        }
+        if self.refuse_foreign_gpu_processes {
+            self.telemetry.check_no_foreign(&[])?;
+        }
+        let baseline = self.telemetry.memory_used();
+        let tag = new_tag();
+        let log = dir.join("engine.log");
+        let mut env = rendered.env.clone();
+        env.push((TAG_ENV.into(), tag.clone()));
+        if let Some(store) = &self.store {
+            store.engine_intent(&EngineRecord {
+                tag: tag.clone(),
+                argv: rendered.argv.clone(),
+                log: log.clone(),
+                pgid: None,
+                owner_pid: std::process::id(),
+                started_unix: crate::util::unix_now(),
+            })?;
+        }
+        let spec = LaunchSpec {
+            argv: rendered.argv.clone(),
+            env,
+            host: self.host.clone(),
+            port,
+            health_path: space.engine.health.clone(),
+            models_path: space.engine.models.clone(),
+            log: log.clone(),
+            ladder: space.engine.ladder(),
+        };
+        let patterns = Patterns::new(&space.engine.failures);
+        let store = self.store.clone();
+        let t2 = tag.clone();
+        let result = launch_with(&spec, &patterns, move |pgid| match &store {
+            Some(s) => s.engine_started(&t2, pgid).map_err(|e| e.to_string()),
+            None => Ok(()),
+        })
+        .await;
+        match result {
+            Ok(ready) => Ok(TrialEngine {
+                ready,
+                tag,
+                port,
+                base_url: format!("http://{}:{port}", self.host),
+                rendered,
+                log,
+                baseline,
+                launcher: self.clone(),
+            }),
+            Err(e) => {
+                // The ladder tore the engine down; make sure, then forget it.
+                self.forget(&tag)?;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Kills whatever still carries `tag` and removes its record.
+    fn forget(&self, tag: &str) -> Result<(), TrialError> {
+        for pgid in groups_with_tag(tag) {
+            super::process::terminate_group(pgid, None, Duration::from_secs(10)).map_err(|e| {
+                TrialError::Teardown {
+                    tag: tag.into(),
+                    why: e.to_string(),
+                }
+            })?;
+        }
+        if let Some(s) = &self.store {
+            s.engine_gone(tag)?;
+        }
+        Ok(())
+    }
+}
+
+impl TrialEngine {
+    /// Whether the engine's leader process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.ready.process.exited().is_none()
+    }
+
+    /// SIGTERM, grace, SIGKILL; then no process of the group (or carrying the tag) may be
+    /// left, and the GPU memory must return to where it was before the launch.
+    pub fn stop(self) -> Result<(), TrialError> {
+        let TrialEngine {
+            ready,
+            tag,
+            baseline,
+            launcher,
+            ..
+        } = self;
+        ready
+            .process
+            .terminate(Duration::from_secs(15))
+            .map_err(|e| TrialError::Teardown {
+                tag: tag.clone(),
+                why: e.to_string(),
+            })?;
+        launcher.forget(&tag)?;
+        launcher
+            .telemetry
+            .wait_released(&baseline, 512 << 20, launcher.release_timeout)?;
+        Ok(())
+    }
+}

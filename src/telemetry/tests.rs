@@ -1,0 +1,124 @@
+//! Telemetry logic against a scripted GPU source: the foreign-process refusal, the wait for
+//! memory to be released, sampling with and without an energy counter, and the CPU fallback.
+
+use super::*;
+
+struct Fake {
+    mem: Mutex<Vec<u64>>,
+    procs: Mutex<Vec<GpuProcess>>,
+    energy: bool,
+    t0: Instant,
+}
+
+impl GpuSource for Fake {
+    fn gpus(&self) -> Vec<GpuInfo> {
+        vec![GpuInfo {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            uuid: "GPU-0".into(),
+            memory_total_bytes: 141 << 30,
+        }]
+    }
+    fn read(&self, gpu: u32) -> Option<Reading> {
+        let mut m = self.mem.lock().unwrap();
+        let used = if m.len() > 1 { m.remove(0) } else { m[0] };
+        Some(Reading {
+            memory_used_bytes: used + gpu as u64,
+            util_pct: 50,
+            power_mw: 400_000,
+            // 400 W since t0, in mJ.
+            energy_mj: self
+                .energy
+                .then(|| (self.t0.elapsed().as_secs_f64() * 400_000.0) as u64),
+        })
+    }
+    fn processes(&self) -> Vec<GpuProcess> {
+        self.procs.lock().unwrap().clone()
+    }
+    fn driver_version(&self) -> Option<String> {
+        Some("570.86".into())
+    }
+    fn cuda_version(&self) -> Option<String> {
+        Some("12.8".into())
+    }
+}
+
+fn fake(mem: Vec<u64>, energy: bool) -> Arc<Fake> {
+    Arc::new(Fake {
+        mem: Mutex::new(mem),
+        procs: Mutex::new(Vec::new()),
+        energy,
+        t0: Instant::now(),
+    })
+}
+
+#[test]
+fn foreign_gpu_processes_refuse_a_launch_and_our_own_do_not() {
+    let f = fake(vec![1 << 30], true);
+    let t = Telemetry::with_source(f.clone());
+    assert_eq!(t.check_no_foreign(&[]), Ok(()));
+    // This test process stands in for an engine: its group is ours or foreign.
+    f.procs.lock().unwrap().push(GpuProcess {
+        gpu: 0,
+        pid: std::process::id(),
+        used_bytes: Some(1 << 30),
+    });
+    let own = unsafe { libc::getpgid(0) };
+    assert_eq!(t.check_no_foreign(&[own]), Ok(()));
+    let e = t.check_no_foreign(&[]).unwrap_err();
+    assert_eq!(
+        e,
+        TelemetryError::ForeignProcesses {
+            gpu: 0,
+            pids: vec![std::process::id()]
+        }
+    );
+    assert!(e.to_string().contains("refuse_foreign_gpu_processes"));
+}
+
+#[test]
+fn teardown_waits_for_the_memory_and_reports_what_stays_held() {
+    let gib = 1u64 << 30;
+    // Released after three readings.
+    let t = Telemetry::with_source(fake(vec![70 * gib, 40 * gib, 2 * gib, gib], false));
+    t.wait_released(&[(0, gib)], 256 << 20, Duration::from_secs(5))
+        .unwrap();
+    // Never released.
+    let t = Telemetry::with_source(fake(vec![70 * gib], false));
+    let e = t
+        .wait_released(&[(0, gib)], 256 << 20, Duration::from_millis(300))
+        .unwrap_err();
+    assert!(matches!(e, TelemetryError::MemoryHeld { held_mib, .. } if held_mib == 69 * 1024));
+}
+
+#[test]
+fn sampling_reports_peak_memory_power_and_energy() {
+    let gib = 1u64 << 30;
+    for energy in [true, false] {
+        let t = Telemetry::with_source(fake(vec![gib, 30 * gib, 80 * gib, 50 * gib], energy));
+        let s = t.sample(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(300));
+        let sum = s.finish().unwrap();
+        assert_eq!(sum.max_memory_used_bytes, 80 * gib);
+        assert!((sum.mean_power_w - 400.0).abs() < 1e-9);
+        // About 400 W × 0.3 s, whichever way it was measured.
+        assert!((60.0..250.0).contains(&sum.energy_j), "{energy}: {sum:?}");
+        assert!(sum.tokens_per_joule(1000).unwrap() > 0.0);
+    }
+    let fp = Telemetry::with_source(fake(vec![gib], true)).fingerprint();
+    assert_eq!(fp.key(), "1x NVIDIA H200");
+    assert_eq!(fp.cuda_version.as_deref(), Some("12.8"));
+}
+
+#[test]
+fn without_a_driver_everything_is_off_and_the_cpu_is_the_fingerprint() {
+    let t = Telemetry::off();
+    assert!(!t.enabled());
+    assert_eq!(t.check_no_foreign(&[]), Ok(()));
+    assert!(t.sample(Duration::from_millis(10)).finish().is_none());
+    let fp = t.fingerprint();
+    assert!(fp.gpus.is_empty() && fp.cpu_cores >= 1 && !fp.cpu_model.is_empty());
+    assert!(fp.key().starts_with("cpu: "));
+    // On this machine there is no driver: detect() must not fail either.
+    let _ = Telemetry::detect().fingerprint();
+}
