@@ -78,6 +78,14 @@ pub fn cache_dir() -> PathBuf {
     PathBuf::from(home).join(".cache").join("servetune")
 }
 
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,12 +108,4 @@ mod tests {
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(timestamp_rfc3339(leap), "2000-02-29T00:00:00Z");
     }
-}
-
-/// Seconds since the Unix epoch, now.
-pub fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }

@@ -141,3 +141,71 @@ async fn benchmarks_llama_server_for_real() {
     server.terminate(Duration::from_secs(10)).unwrap();
     assert!(!group_alive(pgid), "llama-server left running");
 }
+
+/// The shipped llama.cpp search space against the real binary: its `--help` lists every flag
+/// of the space, a non-default point renders, launches through the trial launcher (readiness
+/// ladder, store record), serves, and tears down with nothing left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_llamacpp_space_launches_the_real_engine_through_the_ladder() {
+    use servetune::engine::inventory;
+    use servetune::engine::trial::Launcher;
+    use servetune::space::{Space, Value};
+    let Some(p) = paths() else { return };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces");
+    let s = Space::load(&dir.join("llamacpp.toml")).unwrap();
+    let bin = vec![p.server.display().to_string()];
+    let found = inventory::probe(&s, Some(&bin), Duration::from_secs(30)).await;
+    assert!(found.version.is_some(), "{found:?}");
+    assert!(found.missing_flags.is_empty(), "{found:?}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let store = servetune::store::Store::open(tmp.path()).unwrap();
+    let mut l = Launcher::new(Some(store.clone()), servetune::telemetry::Telemetry::off());
+    l.binary = Some(bin);
+    let mut cfg = s.defaults();
+    for (k, v) in [
+        ("parallel", Value::Int(2)),
+        ("batch_size", Value::Int(1024)),
+        ("ubatch_size", Value::Int(256)),
+        ("threads", Value::Int(2)),
+        ("flash_attn", Value::Str("on".into())),
+        ("cache_type_k", Value::Str("q8_0".into())),
+    ] {
+        cfg.insert(k.into(), v);
+    }
+    s.repair(&mut cfg).unwrap();
+    s.prune(&mut cfg);
+    let e = l
+        .start(&s, &cfg, &p.model.display().to_string(), tmp.path())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let argv = e.rendered.argv.join(" ");
+    assert!(
+        argv.contains("--parallel 2") && argv.contains("--cache-type-k q8_0"),
+        "{argv}"
+    );
+    assert_eq!(store.engines().unwrap().len(), 1);
+    let (plan, _) = common::args(&[
+        "--base-url",
+        &e.base_url,
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "8",
+        "--num-prompts",
+        "6",
+    ])
+    .prepare()
+    .await
+    .unwrap();
+    let out = servetune::bench::run(plan).await.unwrap();
+    assert_eq!(
+        out.summary.completed, 6,
+        "{:?}",
+        out.summary.failed_by_reason
+    );
+    let pgid = e.ready.process.pgid();
+    e.stop().unwrap();
+    assert!(!group_alive(pgid));
+    assert!(store.engines().unwrap().is_empty());
+}

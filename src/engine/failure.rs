@@ -90,9 +90,15 @@ const BUILTIN: &[(&str, &str)] = &[
     // (vllm#25350: "To serve at least one request with the models's max seq len (221000), ...").
     ("oom", "To serve at least one request with the model"),
     // SGLang pool_configurator.py / model_runner.py.
-    ("oom", "Not enough memory. Please try to increase --mem-fraction-static"),
+    (
+        "oom",
+        "Not enough memory. Please try to increase --mem-fraction-static",
+    ),
     // TensorRT-LLM py_executor_creator.py (NVIDIA/TensorRT-LLM#5872).
-    ("oom", "Executor creation failed due to insufficient GPU memory"),
+    (
+        "oom",
+        "Executor creation failed due to insufficient GPU memory",
+    ),
     ("oom", "out of memory"),
     // vLLM SchedulerConfig: contradictory scheduler flags are refused at start.
     ("bad_flag", "is smaller than max_model_len"),

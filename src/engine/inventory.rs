@@ -133,7 +133,11 @@ pub async fn probe(space: &Space, binary: Option<&[String]>, limit: Duration) ->
         match run_captured(&subst(&space.engine.version_argv, &bin), limit).await {
             Ok((true, text)) => out.version = parse_version(&text),
             Ok((false, text)) => {
-                let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+                let last = text
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("");
                 out.note = Some(format!(
                     "version command failed: {}",
                     crate::util::excerpt(last.trim(), 160)

@@ -62,6 +62,36 @@ pub fn group_alive(pgid: i32) -> bool {
     unsafe { libc::kill(-pgid, 0) == 0 }
 }
 
+/// Whether group `pgid` has a process that is not a zombie. A zombie holds no memory and no
+/// port; it stays until its parent reaps it, which for an engine whose servetune died is init.
+pub fn group_running(pgid: i32) -> bool {
+    if !group_alive(pgid) {
+        return false;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) S ppid pgrp ...": the fields after the last ')'.
+        let Some(rest) = stat.rsplit(')').next() else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() > 2 && f[2].parse::<i32>().ok() == Some(pgid) && f[0] != "Z" {
+            return true;
+        }
+    }
+    false
+}
+
 /// Sends `sig` to every process of group `pgid`.
 pub fn signal_group(pgid: i32, sig: i32) {
     // SAFETY: plain syscall; a dead group gives ESRCH, which is fine.
@@ -85,12 +115,21 @@ pub fn terminate_group(
         if let Some(c) = leader.as_mut() {
             let _ = c.try_wait();
         }
-        !group_alive(pgid)
+        !group_running(pgid)
+    };
+    // Once nothing runs, give the parents of the zombies (init, for grandchildren) a moment to
+    // reap them; a zombie holds no memory or port, so waiting is a courtesy, not a condition.
+    let settle = || {
+        let until = Instant::now() + Duration::from_secs(1);
+        while group_alive(pgid) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     };
     signal_group(pgid, libc::SIGTERM);
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if gone(&mut leader) {
+            settle();
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -99,6 +138,7 @@ pub fn terminate_group(
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
         if gone(&mut leader) {
+            settle();
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -218,7 +258,12 @@ impl EngineProcess {
         if matches!(child.try_wait(), Ok(Some(_))) && !group_alive(self.pgid) {
             return Ok(());
         }
-        terminate_group(self.pgid, Some(&mut child), grace)
+        let r = terminate_group(self.pgid, Some(&mut child), grace);
+        if r.is_ok() {
+            // The leader may be a zombie still: reap it (it has exited, so this returns at once).
+            let _ = child.wait();
+        }
+        r
     }
 }
 
@@ -248,7 +293,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(group_alive(pgid));
         p.terminate(Duration::from_millis(300)).unwrap();
-        assert!(!group_alive(pgid));
+        assert!(!group_running(pgid), "a process of the group still runs");
         assert!(log_tail(&log, 5).contains("started"));
     }
 

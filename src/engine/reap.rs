@@ -99,6 +99,10 @@ fn owner_alive(pid: u32) -> bool {
 fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| r.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false)
 }

@@ -71,6 +71,16 @@ fn act_gib_per_token(m: &Machine) -> f64 {
 /// Graph pool per captured batch size, GiB.
 const GRAPH_GIB_PER_BS: f64 = 0.006;
 
+/// The log line of an engine that ran out of memory prefilling `tokens` in one step.
+pub fn runtime_oom_log(profile: &str, tokens: u64, total_gib: f64) -> String {
+    let tried = tokens as f64 * 1e-5 * 16.0;
+    if profile == "trtllm" {
+        "[TRT-LLM] [E] Encountered an error in forward function: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (tllmBuffers.h:112)".to_owned()
+    } else {
+        format!("Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2} GiB. GPU 0 has a total capacity of {total_gib:.2} GiB of which 0.31 GiB is free.")
+    }
+}
+
 /// Scheduler settings, start-up log and run-time OOM threshold, or the start-up failure.
 pub fn settings(
     profile: &str,
@@ -80,7 +90,9 @@ pub fn settings(
 ) -> Result<(Settings, String, Option<u64>), Fatal> {
     let hw = &m.hw;
     let gpu = hw.sm > 0;
-    let tp = int(cfg, "tensor_parallel_size").max(int(cfg, "tp_size")).max(1) as u32;
+    let tp = int(cfg, "tensor_parallel_size")
+        .max(int(cfg, "tp_size"))
+        .max(1) as u32;
     if gpu && tp > hw.gpus {
         let log = match profile {
             "vllm" => format!("(APIServer pid=1) pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig\n  Value error, World size ({tp}) is larger than the number of available GPUs ({}) in this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-backend ray'.\n- multiprocessing, set '--nnodes' appropriately. [type=value_error]\n", hw.gpus),
@@ -132,7 +144,11 @@ pub fn settings(
                 s.kv_factor = 0.5;
             }
             let graphs = text(cfg, "cudagraph_mode");
-            s.graph_max_bs = if graphs == "NONE" { 0 } else { s.max_seqs.min(512) };
+            s.graph_max_bs = if graphs == "NONE" {
+                0
+            } else {
+                s.max_seqs.min(512)
+            };
             s.overhead_ms = 1.2 * if graphs == "PIECEWISE" { 1.3 } else { 1.0 };
             if mode == "interactivity" {
                 s.overhead_ms *= 0.85;
@@ -151,7 +167,10 @@ pub fn settings(
             let act = s.max_batched_tokens as f64 * act_gib_per_token(m);
             if weights > budget {
                 return Err(die(
-                    format!("(EngineCore pid=2) ERROR [core.py:330] {}", torch_oom(weights - budget + 0.5, total, total - budget)),
+                    format!(
+                        "(EngineCore pid=2) ERROR [core.py:330] {}",
+                        torch_oom(weights - budget + 0.5, total, total - budget)
+                    ),
                     1.0,
                 ));
             }
@@ -159,14 +178,16 @@ pub fn settings(
             if kv_gib <= 0.0 {
                 return Err(die("(EngineCore pid=2) ERROR [core.py:708] ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.\n".into(), 1.5));
             }
-            s.kv_tokens = (kv_gib * tp as f64 * (1u64 << 20) as f64 / (kv_kib * s.kv_factor)) as u64;
+            s.kv_tokens =
+                (kv_gib * tp as f64 * (1u64 << 20) as f64 / (kv_kib * s.kv_factor)) as u64;
             if s.kv_tokens < max_model_len {
-                let need = max_model_len as f64 * kv_kib * s.kv_factor / (1u64 << 20) as f64 / tp as f64;
+                let need =
+                    max_model_len as f64 * kv_kib * s.kv_factor / (1u64 << 20) as f64 / tp as f64;
                 return Err(die(format!("(EngineCore pid=2) ERROR [core.py:708] ValueError: To serve at least one request with the model's max seq len ({max_model_len}), ({need:.2} GiB KV cache is needed, which is larger than the available KV cache memory ({kv_gib:.2} GiB). Based on the available memory, the estimated maximum model length is {}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.\n", s.kv_tokens), 1.5));
             }
             let graph_gib = s.graph_max_bs as f64 * GRAPH_GIB_PER_BS;
             if graph_gib > total - budget {
-                return Err(die(format!("Capturing CUDA graphs (decode, FULL): 37%|███▋      | 19/51 [00:01<00:02, 15.2it/s]\n(VllmWorker rank=0 pid=3) ERROR [multiproc_executor.py:470] RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"), 2.0));
+                return Err(die(String::from("Capturing CUDA graphs (decode, FULL): 37%|███▋      | 19/51 [00:01<00:02, 15.2it/s]\n(VllmWorker rank=0 pid=3) ERROR [multiproc_executor.py:470] RuntimeError: CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"), 2.0));
             }
             banner.push_str(&format!(
                 "(EngineCore pid=2) INFO [kv_cache_utils.py:1733] GPU KV cache size: {} tokens\n(EngineCore pid=2) INFO [kv_cache_utils.py:1734] Maximum concurrency for {max_model_len} tokens per request: {:.2}x\n",
@@ -210,7 +231,8 @@ pub fn settings(
             if kv_gib <= 0.0 {
                 return Err(die("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n".into(), 1.0));
             }
-            s.kv_tokens = (kv_gib * tp as f64 * (1u64 << 20) as f64 / (kv_kib * s.kv_factor)) as u64;
+            s.kv_tokens =
+                (kv_gib * tp as f64 * (1u64 << 20) as f64 / (kv_kib * s.kv_factor)) as u64;
             let reqs = int(cfg, "max_running_requests");
             s.max_seqs = if reqs > 0 {
                 reqs as u32
@@ -246,7 +268,12 @@ pub fn settings(
             }
             let gmax = int(cfg, "cuda_graph_max_batch_size").max(0) as u32;
             s.graph_max_bs = gmax;
-            s.overhead_ms = 1.0 * if boolean(cfg, "cuda_graph_padding") { 1.0 } else { 1.2 };
+            s.overhead_ms = 1.0
+                * if boolean(cfg, "cuda_graph_padding") {
+                    1.0
+                } else {
+                    1.2
+                };
             if boolean(cfg, "disable_overlap_scheduler") {
                 s.overhead_ms += 1.0;
             }
@@ -268,12 +295,16 @@ pub fn settings(
             if free_after <= 0.5 {
                 return Err(die(format!("[TRT-LLM] [RANK 0] [E] Failed to initialize executor on rank 0: Executor creation failed due to insufficient GPU memory.\n\nThe following component could not be created: KV cache\nTotal GPU memory (GiB): {total:.2}\nFree GPU memory before component creation attempt (GiB): {:.2}\n\nPlease refer to the TensorRT LLM documentation for information on how to control the memory usage through TensorRT LLM configuration options. Possible options include:\n  KV cache: reduce free_gpu_memory_fraction\n  Model: reduce max_num_tokens and/or shard the model weights across GPUs by enabling pipeline and/or tensor parallelism\n", free_after.max(0.0)), 2.0));
             }
-            s.kv_tokens = (free_after * frac * tp as f64 * (1u64 << 20) as f64 / (kv_kib * s.kv_factor)) as u64;
+            s.kv_tokens = (free_after * frac * tp as f64 * (1u64 << 20) as f64
+                / (kv_kib * s.kv_factor)) as u64;
             if frac > 0.93 {
                 // Little left beside the pool: the largest prefills run out at run time.
                 oom_prefill = Some((s.max_batched_tokens as f64 * 0.6) as u64);
             }
-            banner.push_str(&format!("[TRT-LLM] [I] max_tokens in paged KV cache: {}\n", s.kv_tokens));
+            banner.push_str(&format!(
+                "[TRT-LLM] [I] max_tokens in paged KV cache: {}\n",
+                s.kv_tokens
+            ));
         }
         _ => {
             // llama.cpp: slots share the context; -1 = auto (4 slots, unified KV; server.cpp:169).
@@ -282,7 +313,11 @@ pub fn settings(
             let slots = if parallel < 0 { 4 } else { parallel.max(1) } as u64;
             s.max_seqs = slots as u32;
             s.kv_tokens = max_model_len;
-            s.slot_ctx = if unified { max_model_len } else { max_model_len / slots };
+            s.slot_ctx = if unified {
+                max_model_len
+            } else {
+                max_model_len / slots
+            };
             s.max_batched_tokens = int(cfg, "batch_size").max(1) as u32;
             s.ubatch = int(cfg, "ubatch_size").clamp(1, s.max_batched_tokens as i64) as u32;
             s.threads = int(cfg, "threads").max(0) as u32;
@@ -295,7 +330,11 @@ pub fn settings(
             s.static_batching = !boolean(cfg, "cont_batching");
             s.graph_max_bs = 0;
             s.overhead_ms = 0.3;
-            s.attn_factor = if text(cfg, "flash_attn") == "off" { 1.0 } else { 0.85 };
+            s.attn_factor = if text(cfg, "flash_attn") == "off" {
+                1.0
+            } else {
+                0.85
+            };
             let kvf = |t: &str| match t {
                 "q8_0" => 0.53,
                 "q5_1" | "q5_0" => 0.37,
@@ -308,11 +347,16 @@ pub fn settings(
                 s.attn_factor *= 1.0 + (1.0 - s.kv_factor) * 0.3;
             }
             let kv_bytes = (max_model_len as f64 * kv_kib * s.kv_factor * 1024.0) as u64;
-            let need = m.model.weights_gib + kv_bytes as f64 / (1u64 << 30) as f64 + s.max_batched_tokens as f64 * 2e-5;
+            let need = m.model.weights_gib
+                + kv_bytes as f64 / (1u64 << 30) as f64
+                + s.max_batched_tokens as f64 * 2e-5;
             if need > hw.mem_gib {
                 return Err(die(format!("ggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer of size {kv_bytes}\nalloc_tensor_range: failed to allocate CPU buffer of size {kv_bytes}\nllama_init_from_model: failed to initialize the context: failed to allocate buffer for kv cache\nsrv    load_model: failed to create_context with model '{}'\nsrv  llama_server: exiting due to model loading error\n", m.model.name), 0.3));
             }
-            banner.push_str(&format!("srv    load_model: n_slots = {slots}, n_ctx_slot = {}\n", s.slot_ctx));
+            banner.push_str(&format!(
+                "srv    load_model: n_slots = {slots}, n_ctx_slot = {}\n",
+                s.slot_ctx
+            ));
         }
     }
     Ok((s, banner, oom_prefill))

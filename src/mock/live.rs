@@ -16,9 +16,15 @@ use super::sim::{Sched, Submit};
 /// What a request hears from the engine.
 #[derive(Debug)]
 pub enum Event {
-    Tokens { n: u64, done: bool },
+    Tokens {
+        n: u64,
+        done: bool,
+    },
     /// Refused: the prompt exceeds the context available to it.
-    TooLong { prompt: u64, limit: u64 },
+    TooLong {
+        prompt: u64,
+        limit: u64,
+    },
 }
 
 enum Cmd {
@@ -73,20 +79,21 @@ impl Engine {
         tokio::spawn(async move {
             let mut senders: HashMap<u64, mpsc::UnboundedSender<Event>> = HashMap::new();
             let mut clock = tokio::time::Instant::now();
-            let apply = |cmd: Cmd,
-                         sched: &mut Sched,
-                         senders: &mut HashMap<u64, mpsc::UnboundedSender<Event>>| {
-                match cmd {
-                    Cmd::Submit(s, tx) => {
-                        senders.insert(s.id, tx);
-                        sched.submit(s);
+            let apply =
+                |cmd: Cmd,
+                 sched: &mut Sched,
+                 senders: &mut HashMap<u64, mpsc::UnboundedSender<Event>>| {
+                    match cmd {
+                        Cmd::Submit(s, tx) => {
+                            senders.insert(s.id, tx);
+                            sched.submit(s);
+                        }
+                        Cmd::Cancel(id) => {
+                            senders.remove(&id);
+                            sched.cancel(id);
+                        }
                     }
-                    Cmd::Cancel(id) => {
-                        senders.remove(&id);
-                        sched.cancel(id);
-                    }
-                }
-            };
+                };
             loop {
                 while let Ok(cmd) = rx.try_recv() {
                     apply(cmd, &mut sched, &mut senders);

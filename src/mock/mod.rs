@@ -366,7 +366,9 @@ fn engine_metrics(mode: &EngineMode) -> String {
             "preemptions_total" => ("counter", g.preemptions.load(Ordering::Relaxed) as f64),
             _ => continue,
         };
-        out.push_str(&format!("# TYPE {name} {kind}\n{name}{{model_name=\"mock\"}} {v}\n"));
+        out.push_str(&format!(
+            "# TYPE {name} {kind}\n{name}{{model_name=\"mock\"}} {v}\n"
+        ));
     }
     out
 }
@@ -531,7 +533,12 @@ async fn generate(s: Arc<Shared>, body: Bytes, chat: bool) -> Response {
 async fn modelled(job: Job, prompt: &str, stream: bool) -> Response {
     let s = job.s.clone();
     let mode = s.mode.as_ref().expect("checked by the caller");
-    let ids: Vec<u64> = s.tokenizer.encode(prompt).into_iter().map(u64::from).collect();
+    let ids: Vec<u64> = s
+        .tokenizer
+        .encode(prompt)
+        .into_iter()
+        .map(u64::from)
+        .collect();
     let blocks = sim::block_hashes(&ids, mode.engine.block_size);
     let (ticket, mut rx) = mode.engine.submit(job.prompt_tokens, job.n, blocks);
     let first = tokio::select! {
@@ -610,9 +617,15 @@ async fn modelled(job: Job, prompt: &str, stream: bool) -> Response {
         let Some((n, done)) = ev else {
             return Some((Err(std::io::Error::other("engine crashed")), None));
         };
-        let text: String = (st.sent..st.sent + n).map(|i| st.job.token_text(i)).collect();
+        let text: String = (st.sent..st.sent + n)
+            .map(|i| st.job.token_text(i))
+            .collect();
         let chunk = st.job.chunk(&text, done.then_some("length"), st.sent == 0);
-        st.job.s.stats.generated_tokens.fetch_add(n, Ordering::Relaxed);
+        st.job
+            .s
+            .stats
+            .generated_tokens
+            .fetch_add(n, Ordering::Relaxed);
         st.sent += n;
         st.tail = done;
         Some((Ok(Bytes::from(chunk)), Some(st)))
@@ -630,9 +643,15 @@ async fn modelled(job: Job, prompt: &str, stream: bool) -> Response {
 /// TensorRT-LLM llm.py `_check_arguments`; vLLM/SGLang validation errors).
 fn too_long(profile: &str, prompt: u64, limit: u64) -> Response {
     let v = match profile {
-        "llamacpp" => json!({"error": {"code": 400, "message": format!("request ({prompt} tokens) exceeds the available context size ({limit} tokens), try increasing it"), "type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": limit}}),
-        "trtllm" => json!({"object": "error", "message": format!("The sum of prompt length ({prompt}), query length (0) should not exceed max_num_tokens ({limit})"), "type": "BadRequestError", "code": 400}),
-        _ => json!({"object": "error", "message": format!("This model's maximum context length is {limit} tokens. However, your request has {prompt} input tokens."), "type": "BadRequestError", "code": 400}),
+        "llamacpp" => {
+            json!({"error": {"code": 400, "message": format!("request ({prompt} tokens) exceeds the available context size ({limit} tokens), try increasing it"), "type": "exceed_context_size_error", "n_prompt_tokens": prompt, "n_ctx": limit}})
+        }
+        "trtllm" => {
+            json!({"object": "error", "message": format!("The sum of prompt length ({prompt}), query length (0) should not exceed max_num_tokens ({limit})"), "type": "BadRequestError", "code": 400})
+        }
+        _ => {
+            json!({"object": "error", "message": format!("This model's maximum context length is {limit} tokens. However, your request has {prompt} input tokens."), "type": "BadRequestError", "code": 400})
+        }
     };
     (StatusCode::BAD_REQUEST, Json(v)).into_response()
 }
@@ -870,22 +889,29 @@ pub struct ProfileArgs {
 
 impl ProfileArgs {
     pub fn machine(&self, profile: &str) -> Result<profile::Machine, String> {
-        let mut hw = sim::Hardware::preset(&self.mock_hardware, self.mock_cores.max(1)).ok_or_else(|| {
-            format!(
-                "--mock-hardware {:?}: one of h200, h100, a100, l4, cpu",
-                self.mock_hardware
-            )
-        })?;
+        let mut hw = sim::Hardware::preset(&self.mock_hardware, self.mock_cores.max(1))
+            .ok_or_else(|| {
+                format!(
+                    "--mock-hardware {:?}: one of h200, h100, a100, l4, cpu",
+                    self.mock_hardware
+                )
+            })?;
         if hw.sm > 0 {
             hw.gpus = self.mock_gpus.max(1);
         }
         let model = sim::ModelSpec::preset(&self.mock_model)
             .ok_or_else(|| format!("--mock-model {:?}: one of 8b, 32b, 135m", self.mock_model))?;
         if !self.mock_noise.is_finite() || !(0.0..=1.0).contains(&self.mock_noise) {
-            return Err(format!("--mock-noise must be in [0, 1], got {}", self.mock_noise));
+            return Err(format!(
+                "--mock-noise must be in [0, 1], got {}",
+                self.mock_noise
+            ));
         }
         if !self.mock_startup_s.is_finite() || self.mock_startup_s < 0.0 {
-            return Err(format!("--mock-startup-s must be >= 0, got {}", self.mock_startup_s));
+            return Err(format!(
+                "--mock-startup-s must be >= 0, got {}",
+                self.mock_startup_s
+            ));
         }
         Ok(profile::Machine {
             hw,
@@ -926,7 +952,10 @@ pub async fn run_profile_cli(p: &ProfileArgs, mut cfg: MockConfig) -> anyhow::Re
         Err(e) => {
             // llama-server: "couldn't bind HTTP server socket"; uvicorn: "[Errno 98] ... address already in use".
             if name == "llamacpp" {
-                eprintln!("srv    load_model: couldn't bind HTTP server socket, hostname: {}, port: {}", launch.host, launch.port);
+                eprintln!(
+                    "srv    load_model: couldn't bind HTTP server socket, hostname: {}, port: {}",
+                    launch.host, launch.port
+                );
             } else {
                 eprintln!("ERROR:    [Errno 98] error while attempting to bind on address ('{}', {}): address already in use ({e})", launch.host, launch.port);
             }
@@ -942,12 +971,9 @@ pub async fn run_profile_cli(p: &ProfileArgs, mut cfg: MockConfig) -> anyhow::Re
     let total = m.hw.mem_gib;
     let oom_name = name.clone();
     let engine = live::Engine::start(sched, launch.oom_prefill_tokens, move |tokens| {
-        let tried = tokens as f64 * 1e-5 * 16.0;
-        if oom_name == "trtllm" {
-            eprintln!("[TRT-LLM] [E] Encountered an error in forward function: [TensorRT-LLM][ERROR] CUDA runtime error in ::cudaMallocAsync(ptr, n, mCudaStream->get()): out of memory (tllmBuffers.h:112)");
-        } else {
-            eprintln!("Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried:.2} GiB. GPU 0 has a total capacity of {total:.2} GiB of which 0.31 GiB is free.");
-        }
+        eprintln!("{}", engines::runtime_oom_log(&oom_name, tokens, total));
+        // Wake the server (it drops every connection) and the CLI (it exits 1).
+        c2.notify_waiters();
         c2.notify_one();
     });
     let s = profile::space(&name, &m.version).map_err(anyhow::Error::msg)?;

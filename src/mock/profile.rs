@@ -18,7 +18,10 @@ pub const PROFILES: &[(&str, &str)] = &[
     ("vllm", include_str!("../../search-spaces/vllm.toml")),
     ("sglang", include_str!("../../search-spaces/sglang.toml")),
     ("trtllm", include_str!("../../search-spaces/trtllm.toml")),
-    ("llamacpp", include_str!("../../search-spaces/llamacpp.toml")),
+    (
+        "llamacpp",
+        include_str!("../../search-spaces/llamacpp.toml"),
+    ),
 ];
 
 /// Default faked versions (what `--version` prints unless `--mock-version` says otherwise).
@@ -128,10 +131,15 @@ pub fn space(profile: &str, version: &str) -> Result<Space, String> {
         .ok_or_else(|| {
             format!(
                 "unknown profile {profile:?} (one of {})",
-                PROFILES.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(", ")
+                PROFILES
+                    .iter()
+                    .map(|(p, _)| *p)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         })?;
-    let s = Space::parse(text, &format!("search-spaces/{profile}.toml")).map_err(|e| e.to_string())?;
+    let s =
+        Space::parse(text, &format!("search-spaces/{profile}.toml")).map_err(|e| e.to_string())?;
     Ok(s.for_version(version).0)
 }
 
@@ -155,20 +163,29 @@ fn help_text(profile: &str, s: &Space, version: &str) -> String {
         // tensorrt_llm/__init__.py prints this banner on import, so it heads every output.
         out.push_str(&format!("[TensorRT-LLM] TensorRT LLM version: {version}\n"));
     }
-    out.push_str(&format!("usage: {} [options]\n\noptions:\n", s.engine.binary));
+    out.push_str(&format!(
+        "usage: {} [options]\n\noptions:\n",
+        s.engine.binary
+    ));
     for (f, takes) in template_flags(s) {
         out.push_str(&format!("  {f}{}\n", if takes { " VALUE" } else { "" }));
     }
     for p in &s.params {
         if let Some(f) = &p.flag {
             match p.render {
-                Render::Switch => out.push_str(&format!("  {f}, --no-{}\n", f.trim_start_matches('-'))),
+                Render::Switch => {
+                    out.push_str(&format!("  {f}, --no-{}\n", f.trim_start_matches('-')))
+                }
                 Render::Present => out.push_str(&format!("  {f}\n")),
                 _ => out.push_str(&format!("  {f} VALUE\n")),
             }
         }
     }
-    let mut extra: Vec<&String> = s.params.iter().filter_map(|p| p.json_flag.as_ref()).collect();
+    let mut extra: Vec<&String> = s
+        .params
+        .iter()
+        .filter_map(|p| p.json_flag.as_ref())
+        .collect();
     extra.dedup();
     extra.extend(s.engine.yaml_flag.as_ref());
     for f in extra {
@@ -180,7 +197,10 @@ fn help_text(profile: &str, s: &Space, version: &str) -> String {
 fn parse_value(kind: &Kind, raw: &str) -> Result<Value, &'static str> {
     match kind {
         Kind::Int { .. } => raw.parse().map(Value::Int).map_err(|_| "invalid int value"),
-        Kind::Float { .. } => raw.parse().map(Value::Float).map_err(|_| "invalid float value"),
+        Kind::Float { .. } => raw
+            .parse()
+            .map(Value::Float)
+            .map_err(|_| "invalid float value"),
         Kind::Bool => match raw {
             "true" | "True" | "1" => Ok(Value::Bool(true)),
             "false" | "False" | "0" => Ok(Value::Bool(false)),
@@ -233,10 +253,14 @@ pub fn parse_yaml(text: &str) -> Result<serde_json::Value, String> {
         }
         let v = v.trim();
         if v.is_empty() {
-            cur.insert(k.trim().to_owned(), serde_json::Value::Object(Default::default()));
+            cur.insert(
+                k.trim().to_owned(),
+                serde_json::Value::Object(Default::default()),
+            );
             stack.push((indent, k.trim().to_owned()));
         } else {
-            let val = serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_owned()));
+            let val =
+                serde_json::from_str(v).unwrap_or_else(|_| serde_json::Value::String(v.to_owned()));
             cur.insert(k.trim().to_owned(), val);
         }
     }
@@ -292,18 +316,37 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
             None => (a.clone(), None),
         };
-        let normal = |n: &str| if profile == "vllm" || profile == "llamacpp" { n.replace('_', "-") } else { n.to_owned() };
-        let name = if name.starts_with("--") { normal(&name) } else { name };
+        let normal = |n: &str| {
+            if profile == "vllm" || profile == "llamacpp" {
+                n.replace('_', "-")
+            } else {
+                n.to_owned()
+            }
+        };
+        let name = if name.starts_with("--") {
+            normal(&name)
+        } else {
+            name
+        };
         let is_switch = s.params.iter().any(|p| {
-            p.flag.as_deref() == Some(name.as_str()) && matches!(p.render, Render::Switch | Render::Present)
+            p.flag.as_deref() == Some(name.as_str())
+                && matches!(p.render, Render::Switch | Render::Present)
         });
         let negated = s.params.iter().find(|p| {
             p.render == Render::Switch
-                && p.flag.as_ref().is_some_and(|f| format!("--no-{}", f.trim_start_matches('-')) == name)
+                && p.flag
+                    .as_ref()
+                    .is_some_and(|f| format!("--no-{}", f.trim_start_matches('-')) == name)
         });
         let takes_value = tmpl.get(&name).copied().or_else(|| {
-            let param = s.params.iter().any(|p| p.flag.as_deref() == Some(name.as_str()));
-            let json = s.params.iter().any(|p| p.json_flag.as_deref() == Some(name.as_str()));
+            let param = s
+                .params
+                .iter()
+                .any(|p| p.flag.as_deref() == Some(name.as_str()));
+            let json = s
+                .params
+                .iter()
+                .any(|p| p.json_flag.as_deref() == Some(name.as_str()));
             let yaml = s.engine.yaml_flag.as_deref() == Some(name.as_str());
             (param || json || yaml).then_some(!is_switch)
         });
@@ -320,7 +363,9 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
                 Some(v) => v,
                 None => {
                     i += 1;
-                    args.get(i).cloned().ok_or_else(|| bad_value(profile, &name, "", "expected one argument"))?
+                    args.get(i)
+                        .cloned()
+                        .ok_or_else(|| bad_value(profile, &name, "", "expected one argument"))?
                 }
             };
             vals.insert(name, v);
@@ -335,7 +380,10 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
         }
     }
     let model = if positional_model {
-        positionals.first().cloned().unwrap_or_else(|| "mock-model".into())
+        positionals
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "mock-model".into())
     } else {
         s.engine
             .argv
@@ -344,19 +392,41 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             .and_then(|w| vals.get(&w[0]).cloned())
             .unwrap_or_else(|| "mock-model".into())
     };
-    let host_flag = s.engine.argv.windows(2).find(|w| w[1] == "{host}").map(|w| w[0].clone());
-    let port_flag = s.engine.argv.windows(2).find(|w| w[1] == "{port}").map(|w| w[0].clone());
-    let host = host_flag.and_then(|f| vals.get(&f).cloned()).unwrap_or_else(|| "127.0.0.1".into());
-    let port_raw = port_flag.as_ref().and_then(|f| vals.get(f).cloned()).unwrap_or_else(|| "8000".into());
-    let port: u16 = port_raw
-        .parse()
-        .map_err(|_| bad_value(profile, port_flag.as_deref().unwrap_or("--port"), &port_raw, "invalid int value"))?;
+    let host_flag = s
+        .engine
+        .argv
+        .windows(2)
+        .find(|w| w[1] == "{host}")
+        .map(|w| w[0].clone());
+    let port_flag = s
+        .engine
+        .argv
+        .windows(2)
+        .find(|w| w[1] == "{port}")
+        .map(|w| w[0].clone());
+    let host = host_flag
+        .and_then(|f| vals.get(&f).cloned())
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let port_raw = port_flag
+        .as_ref()
+        .and_then(|f| vals.get(f).cloned())
+        .unwrap_or_else(|| "8000".into());
+    let port: u16 = port_raw.parse().map_err(|_| {
+        bad_value(
+            profile,
+            port_flag.as_deref().unwrap_or("--port"),
+            &port_raw,
+            "invalid int value",
+        )
+    })?;
 
     // The engine's parameters, defaults first.
     let yaml = match s.engine.yaml_flag.as_ref().and_then(|f| vals.get(f)) {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| Fatal {
-                log: format!("FileNotFoundError: [Errno 2] No such file or directory: '{path}' ({e})\n"),
+                log: format!(
+                    "FileNotFoundError: [Errno 2] No such file or directory: '{path}' ({e})\n"
+                ),
                 exit_code: 1,
                 after_s: 0.0,
             })?;
@@ -394,7 +464,8 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             }
         } else if let (Some(f), Some(k)) = (&p.json_flag, &p.json_key) {
             if let Some(x) = jsons.get(f).and_then(|j| dotted(j, k)) {
-                v = from_json(&p.kind, x).ok_or_else(|| bad_value(profile, f, &x.to_string(), "invalid value"))?;
+                v = from_json(&p.kind, x)
+                    .ok_or_else(|| bad_value(profile, f, &x.to_string(), "invalid value"))?;
             }
         } else if let (Some(k), Some(y)) = (&p.yaml_key, &yaml) {
             if let Some(x) = dotted(y, k) {
@@ -409,7 +480,11 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
     }
     if let Some(y) = &yaml {
         // TorchLlmArgs forbids extra fields.
-        let known: Vec<&str> = s.params.iter().filter_map(|p| p.yaml_key.as_deref()).collect();
+        let known: Vec<&str> = s
+            .params
+            .iter()
+            .filter_map(|p| p.yaml_key.as_deref())
+            .collect();
         let mut leaves = Vec::new();
         collect_leaves(y, String::new(), &mut leaves);
         if let Some(extra) = leaves.iter().find(|l| !known.contains(&l.as_str())) {
@@ -453,7 +528,11 @@ fn collect_leaves(v: &serde_json::Value, prefix: String, out: &mut Vec<String>) 
     match v {
         serde_json::Value::Object(m) => {
             for (k, x) in m {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 collect_leaves(x, key, out);
             }
         }
@@ -496,18 +575,32 @@ mod tests {
     fn unknown_and_version_gated_flags_fail_as_the_engine_does() {
         let m = machine("h100", "0.17.1");
         let f = fatal("vllm", "serve m --port 1 --max-num-seq 8", &m);
-        assert!(f.log.contains("vllm: error: unrecognized arguments: --max-num-seq"));
+        assert!(f
+            .log
+            .contains("vllm: error: unrecognized arguments: --max-num-seq"));
         assert_eq!(f.exit_code, 2);
         // --performance-mode came with 0.17.0: an older fake version lacks it.
         let old = machine("h100", "0.16.0");
         let f = fatal("vllm", "serve m --performance-mode throughput", &old);
-        assert!(f.log.contains("unrecognized arguments: --performance-mode"), "{}", f.log);
+        assert!(
+            f.log.contains("unrecognized arguments: --performance-mode"),
+            "{}",
+            f.log
+        );
         let f = fatal("llamacpp", "-m x --bogus-flag", &m);
-        assert_eq!((f.log.as_str(), f.exit_code), ("error: invalid argument: --bogus-flag\n", 1));
+        assert_eq!(
+            (f.log.as_str(), f.exit_code),
+            ("error: invalid argument: --bogus-flag\n", 1)
+        );
         let f = fatal("trtllm", "serve m --max_batch_sise 8", &m);
         assert!(f.log.contains("Error: No such option: --max_batch_sise"));
         let f = fatal("vllm", "serve m --max-num-seqs lots", &m);
-        assert!(f.log.contains("argument --max-num-seqs: invalid int value: 'lots'"), "{}", f.log);
+        assert!(
+            f.log
+                .contains("argument --max-num-seqs: invalid int value: 'lots'"),
+            "{}",
+            f.log
+        );
         // The help lists the version's flags: what `probe_help` reads.
         let Ok(Parsed::Print(h)) = parse("vllm", &argv("serve --help=all"), &old) else {
             panic!()
@@ -530,12 +623,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let y = dir.path().join("x.yaml");
         std::fs::write(&y, "kv_cache_config:\n  enable_block_reuse: false\n  dtype: \"fp8\"\nenable_chunked_prefill: true\n").unwrap();
-        let l = serve("trtllm", &format!("serve m --port 5 --max_batch_size 32 --extra_llm_api_options {}", y.display()), &m);
+        let l = serve(
+            "trtllm",
+            &format!(
+                "serve m --port 5 --max_batch_size 32 --extra_llm_api_options {}",
+                y.display()
+            ),
+            &m,
+        );
         assert_eq!(l.settings.max_seqs, 32);
         assert!(!l.settings.prefix_cache && l.settings.chunked_prefill);
         assert!((l.settings.kv_factor - 0.5).abs() < 1e-9);
         std::fs::write(&y, "kv_cache_config:\n  enable_blok_reuse: false\n").unwrap();
-        let f = fatal("trtllm", &format!("serve m --extra_llm_api_options {}", y.display()), &m);
-        assert!(f.log.contains("Extra inputs are not permitted"), "{}", f.log);
+        let f = fatal(
+            "trtllm",
+            &format!("serve m --extra_llm_api_options {}", y.display()),
+            &m,
+        );
+        assert!(
+            f.log.contains("Extra inputs are not permitted"),
+            "{}",
+            f.log
+        );
     }
 }

@@ -219,6 +219,8 @@ pub struct SchedStats {
     pub prompt_tokens: u64,
     pub max_running: u64,
     pub max_kv_used: u64,
+    /// The most prompt tokens computed in one step.
+    pub max_prefill_tokens: u64,
 }
 
 /// The continuous-batching scheduler with its cost model.
@@ -297,7 +299,8 @@ impl Sched {
     }
 
     fn remember_blocks(&mut self, blocks: &[u64]) {
-        let cap = (self.settings.kv_tokens / self.settings.block_size.max(1) as u64).max(1) as usize;
+        let cap =
+            (self.settings.kv_tokens / self.settings.block_size.max(1) as u64).max(1) as usize;
         for b in blocks {
             if self.cache.insert(*b) {
                 self.cache_order.push_back(*b);
@@ -315,11 +318,16 @@ impl Sched {
         if st.static_batching && !self.running.is_empty() {
             return;
         }
-        if st.admit_every > 1 && self.step_no % st.admit_every as u64 != 0 && !self.running.is_empty() {
+        if st.admit_every > 1
+            && self.step_no % st.admit_every as u64 != 0
+            && !self.running.is_empty()
+        {
             return;
         }
         while (self.running.len() as u32) < st.max_seqs {
-            let Some(front) = self.waiting.front() else { break };
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
             if st.slot_ctx > 0 && front.prompt >= st.slot_ctx {
                 let s = self.waiting.pop_front().expect("front exists");
                 out.refused.push(Refusal {
@@ -335,7 +343,11 @@ impl Sched {
             }
             let mut s = self.waiting.pop_front().expect("front exists");
             if st.prefix_cache && s.prefilled == 0 && s.out == 0 {
-                let hits = s.blocks.iter().take_while(|b| self.cache.contains(b)).count() as u64;
+                let hits = s
+                    .blocks
+                    .iter()
+                    .take_while(|b| self.cache.contains(b))
+                    .count() as u64;
                 s.cached = (hits * st.block_size as u64).min(s.prompt - 1);
                 self.stats.prefix_hit_tokens += s.cached;
             }
@@ -414,6 +426,7 @@ impl Sched {
             }
         }
         out.prefill_tokens = prefill_tokens;
+        self.stats.max_prefill_tokens = self.stats.max_prefill_tokens.max(prefill_tokens);
         out.duration_s = self.cost_ms(decode_tokens, decoding, prefill_tokens, ctx_sum) / 1000.0
             * self.noise.sample(&mut self.rng);
         // Tokens: one per finished prefill (the first token), one plus accepted drafts per decode.
@@ -425,7 +438,8 @@ impl Sched {
                 1
             } else if spec_rng_draws.contains(&s.id) {
                 let mut n = 1;
-                while n <= st.spec_k as u64 && self.rng.random_bool(st.spec_accept.clamp(0.0, 1.0)) {
+                while n <= st.spec_k as u64 && self.rng.random_bool(st.spec_accept.clamp(0.0, 1.0))
+                {
                     n += 1;
                 }
                 n
@@ -462,7 +476,13 @@ impl Sched {
 
     /// Milliseconds for a step: fixed overhead, then the roofline of weight reads against
     /// compute, plus attention reading each sequence's KV.
-    fn cost_ms(&self, decode_tokens: u64, decode_seqs: u64, prefill_tokens: u64, ctx_sum: u64) -> f64 {
+    fn cost_ms(
+        &self,
+        decode_tokens: u64,
+        decode_seqs: u64,
+        prefill_tokens: u64,
+        ctx_sum: u64,
+    ) -> f64 {
         let st = &self.settings;
         let hw = &self.hw;
         let m = &self.model;
@@ -489,7 +509,11 @@ impl Sched {
             (1.0, 1.0)
         };
         let weights_ms = m.weights_gib * st.weight_factor / hw.bw_gib_ms / tp
-            * if hw.sm == 0 { 2.0 / compute_units.min(2.0) } else { 1.0 };
+            * if hw.sm == 0 {
+                2.0 / compute_units.min(2.0)
+            } else {
+                1.0
+            };
         let flop_ms_per_token = m.gflop_per_token * st.flop_factor / (hw.tflops * 1e3) / tp;
         let ubatch_eff = if hw.sm == 0 {
             let u = st.ubatch.max(1) as f64;
@@ -499,7 +523,8 @@ impl Sched {
         };
         let decode_ms = decode_tokens as f64 * flop_ms_per_token / compute_units;
         let prefill_ms = prefill_tokens as f64 * flop_ms_per_token / prefill_units / ubatch_eff;
-        let attn_ms = ctx_sum as f64 * m.kv_kib_per_token * st.kv_factor / (1u64 << 20) as f64
+        let attn_ms = ctx_sum as f64 * m.kv_kib_per_token * st.kv_factor
+            / (1u64 << 20) as f64
             / hw.bw_gib_ms
             / tp
             * st.attn_factor;
@@ -547,7 +572,11 @@ pub struct SimOutcome {
 
 /// Runs a whole benchmark in virtual time: requests arrive at their times, the scheduler steps
 /// back to back while busy. Returns the outcomes (in request order) and the makespan.
-pub fn simulate(sched: &mut Sched, reqs: &[SimRequest], max_concurrency: Option<usize>) -> (Vec<SimOutcome>, f64) {
+pub fn simulate(
+    sched: &mut Sched,
+    reqs: &[SimRequest],
+    max_concurrency: Option<usize>,
+) -> (Vec<SimOutcome>, f64) {
     let mut outcomes = vec![SimOutcome::default(); reqs.len()];
     let mut order: Vec<usize> = (0..reqs.len()).collect();
     order.sort_by(|a, b| reqs[*a].arrival_s.total_cmp(&reqs[*b].arrival_s));
@@ -632,7 +661,12 @@ mod tests {
                 arrival_s: 0.0,
                 prompt_tokens: prompt,
                 max_tokens: out,
-                blocks: block_hashes(&(0..prompt).map(|t| t + i as u64 * 100_000).collect::<Vec<_>>(), 16),
+                blocks: block_hashes(
+                    &(0..prompt)
+                        .map(|t| t + i as u64 * 100_000)
+                        .collect::<Vec<_>>(),
+                    16,
+                ),
             })
             .collect()
     }
@@ -647,13 +681,34 @@ mod tests {
     #[test]
     fn bigger_batches_raise_throughput_and_latency_until_compute_bound() {
         let reqs = load(512, 256, 128);
-        let (t8, o8) = throughput(Settings { max_seqs: 8, ..Default::default() }, &reqs);
-        let (t128, _) = throughput(Settings { max_seqs: 128, ..Default::default() }, &reqs);
-        let (t512, o512) = throughput(Settings { max_seqs: 512, ..Default::default() }, &reqs);
+        let (t8, o8) = throughput(
+            Settings {
+                max_seqs: 8,
+                ..Default::default()
+            },
+            &reqs,
+        );
+        let (t128, _) = throughput(
+            Settings {
+                max_seqs: 128,
+                ..Default::default()
+            },
+            &reqs,
+        );
+        let (t512, o512) = throughput(
+            Settings {
+                max_seqs: 512,
+                ..Default::default()
+            },
+            &reqs,
+        );
         assert!(t128 > 4.0 * t8, "{t8} {t128}");
         assert!(t512 > t128, "{t128} {t512}");
         let tpot = |o: &[SimOutcome]| {
-            o.iter().map(|x| (x.e2el_s - x.ttft_s) / (x.output_tokens - 1) as f64).sum::<f64>() / o.len() as f64
+            o.iter()
+                .map(|x| (x.e2el_s - x.ttft_s) / (x.output_tokens - 1) as f64)
+                .sum::<f64>()
+                / o.len() as f64
         };
         assert!(tpot(&o512) > tpot(&o8));
         assert!(o8.iter().all(|x| x.ok && x.output_tokens == 128));
@@ -662,7 +717,10 @@ mod tests {
     #[test]
     fn kv_capacity_preempts_and_prefix_cache_saves_prefill() {
         let reqs = load(64, 1024, 256);
-        let mut small = sched(Settings { kv_tokens: 8 * 1024, ..Default::default() });
+        let mut small = sched(Settings {
+            kv_tokens: 8 * 1024,
+            ..Default::default()
+        });
         let (o, _) = simulate(&mut small, &reqs, None);
         assert!(o.iter().all(|x| x.ok && x.output_tokens == 256));
         assert!(small.stats.preemptions > 0);
@@ -679,19 +737,35 @@ mod tests {
         simulate(&mut on, &same, None);
         assert!(on.stats.prefix_hit_tokens >= 60 * 1008, "{:?}", on.stats);
         let (t_on, _) = throughput(Settings::default(), &same);
-        let (t_off, _) = throughput(Settings { prefix_cache: false, ..Default::default() }, &same);
+        let (t_off, _) = throughput(
+            Settings {
+                prefix_cache: false,
+                ..Default::default()
+            },
+            &same,
+        );
         assert!(t_on >= t_off);
     }
 
     #[test]
     fn speculation_helps_small_batches_and_slots_refuse_long_prompts() {
         let reqs = load(4, 128, 256);
-        let plain = Settings { max_seqs: 4, ..Default::default() };
-        let spec = Settings { spec_k: 3, spec_accept: 0.7, ..plain.clone() };
+        let plain = Settings {
+            max_seqs: 4,
+            ..Default::default()
+        };
+        let spec = Settings {
+            spec_k: 3,
+            spec_accept: 0.7,
+            ..plain.clone()
+        };
         let (a, _) = throughput(plain, &reqs);
         let (b, _) = throughput(spec, &reqs);
         assert!(b > 1.3 * a, "{a} {b}");
-        let mut sc = sched(Settings { slot_ctx: 512, ..Default::default() });
+        let mut sc = sched(Settings {
+            slot_ctx: 512,
+            ..Default::default()
+        });
         let mut reqs = load(2, 100, 8);
         reqs[1].prompt_tokens = 600;
         let (o, _) = simulate(&mut sc, &reqs, None);

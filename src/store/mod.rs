@@ -121,7 +121,11 @@ impl Store {
     }
 
     /// Every record of a tree whose key starts with `prefix`, in key order.
-    pub fn scan<T: DeserializeOwned>(&self, tree: &str, prefix: &str) -> Result<Vec<(String, T)>, StoreError> {
+    pub fn scan<T: DeserializeOwned>(
+        &self,
+        tree: &str,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, StoreError> {
         let mut out = Vec::new();
         for kv in self.db.open_tree(tree)?.scan_prefix(prefix) {
             let (k, v) = kv?;
@@ -156,7 +160,11 @@ impl Store {
     }
 
     pub fn engines(&self) -> Result<Vec<EngineRecord>, StoreError> {
-        Ok(self.scan("engines", "")?.into_iter().map(|(_, v)| v).collect())
+        Ok(self
+            .scan("engines", "")?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
     }
 }
 
@@ -186,7 +194,10 @@ mod tests {
         assert_eq!(got[0].pgid, Some(4242));
         s.engine_gone("t1").unwrap();
         assert!(s.engines().unwrap().is_empty());
-        s.db.open_tree("meta").unwrap().insert("schema_version", "99").unwrap();
+        s.db.open_tree("meta")
+            .unwrap()
+            .insert("schema_version", "99")
+            .unwrap();
         s.db.flush().unwrap();
         drop(s);
         let e = Store::open(dir.path()).err().unwrap().to_string();

@@ -270,21 +270,24 @@ impl Telemetry {
             let (stop, acc) = (stop.clone(), acc.clone());
             std::thread::spawn(move || {
                 let gpus: Vec<u32> = s.gpus().iter().map(|g| g.index).collect();
-                let first: Vec<Option<u64>> =
-                    gpus.iter().map(|g| s.read(*g).and_then(|r| r.energy_mj)).collect();
+                let first: Vec<Option<u64>> = gpus
+                    .iter()
+                    .map(|g| s.read(*g).and_then(|r| r.energy_mj))
+                    .collect();
                 let t0 = Instant::now();
                 let mut last = Instant::now();
                 loop {
-                    let readings: Vec<Reading> = gpus.iter().filter_map(|g| s.read(*g)).collect();
+                    let each: Vec<Option<Reading>> = gpus.iter().map(|g| s.read(*g)).collect();
+                    let readings: Vec<Reading> = each.iter().flatten().copied().collect();
                     let dt = last.elapsed().as_secs_f64();
                     last = Instant::now();
                     {
                         let mut a = acc.lock().expect("sampler lock");
                         a.add(&readings, dt);
-                        let energy: Option<u64> = gpus
+                        let energy: Option<u64> = each
                             .iter()
                             .zip(&first)
-                            .map(|(g, f)| Some(s.read(*g)?.energy_mj? - (*f)?))
+                            .map(|(r, f)| Some(r.as_ref()?.energy_mj?.saturating_sub((*f)?)))
                             .sum();
                         a.counter_energy_mj = energy;
                         a.seconds = t0.elapsed().as_secs_f64();

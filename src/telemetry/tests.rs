@@ -95,7 +95,8 @@ fn teardown_waits_for_the_memory_and_reports_what_stays_held() {
 fn sampling_reports_peak_memory_power_and_energy() {
     let gib = 1u64 << 30;
     for energy in [true, false] {
-        let t = Telemetry::with_source(fake(vec![gib, 30 * gib, 80 * gib, 50 * gib], energy));
+        // The first reading is the energy baseline; then the sampled ones.
+        let t = Telemetry::with_source(fake(vec![gib, gib, 30 * gib, 80 * gib, 50 * gib], energy));
         let s = t.sample(Duration::from_millis(20));
         std::thread::sleep(Duration::from_millis(300));
         let sum = s.finish().unwrap();

@@ -1,0 +1,427 @@
+//! The engines layer end to end, with the mock engine imitating each real engine as a
+//! subprocess: shipped search spaces rendered and launched through the trial launcher, every
+//! failure class produced by the engine's own message and classified, version gates and
+//! `--help` probing against a faked older engine, the store's engine records and the reaper.
+//! No engine may be left behind.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use servetune::engine::failure::{FailureClass, OomPhase, Patterns};
+use servetune::engine::inventory;
+use servetune::engine::launch::{launch, Ladder, LaunchError, LaunchSpec, Rung};
+use servetune::engine::process::group_alive;
+use servetune::engine::reap::{groups_with_tag, reap};
+use servetune::engine::trial::{Launcher, TrialError};
+use servetune::space::{Config, Space, Value};
+use servetune::store::Store;
+use servetune::telemetry::Telemetry;
+
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_servetune");
+
+fn space(engine: &str) -> Space {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces");
+    Space::load(&dir.join(format!("{engine}.toml"))).unwrap()
+}
+
+/// The mock imitating `profile` with extra mock flags, as the `{binary}` of the engine files.
+fn mock(profile: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        BIN,
+        "mock-engine",
+        "--profile",
+        profile,
+        "--mock-startup-s",
+        "0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v.push("--".into());
+    v
+}
+
+fn launcher(store: Option<Store>, binary: Vec<String>) -> Launcher {
+    let mut l = Launcher::new(store, Telemetry::off());
+    l.binary = Some(binary);
+    l
+}
+
+/// Short rung limits for the mock (the files' own are minutes, for real engines).
+fn quick(mut s: Space) -> Space {
+    s.engine.ready.port_s = Some(10.0);
+    s.engine.ready.health_s = Some(5.0);
+    s.engine.ready.first_token_s = Some(5.0);
+    s
+}
+
+fn with(mut cfg: Config, kv: &[(&str, Value)]) -> Config {
+    for (k, v) in kv {
+        cfg.insert(k.to_string(), v.clone());
+    }
+    cfg
+}
+
+async fn start_failure(
+    s: &Space,
+    cfg: &Config,
+    binary: Vec<String>,
+) -> (Rung, FailureClass, String) {
+    let dir = tempfile::tempdir().unwrap();
+    match launcher(None, binary).start(s, cfg, "m", dir.path()).await {
+        Err(TrialError::Launch(LaunchError::Failed { rung, failure, .. })) => {
+            (rung, failure.class, failure.evidence)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(e) => {
+            let _ = e.stop();
+            panic!("expected a start-up failure")
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shipped_engine_launches_serves_and_leaves_nothing() {
+    for engine in ["vllm", "sglang", "trtllm", "llamacpp"] {
+        let s = quick(space(engine));
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let hw: &[&str] = if engine == "llamacpp" {
+            &[
+                "--mock-hardware",
+                "cpu",
+                "--mock-model",
+                "135m",
+                "--mock-cores",
+                "2",
+            ]
+        } else {
+            &[]
+        };
+        let l = launcher(Some(store.clone()), mock(engine, hw));
+        // A non-default point, so that flags, JSON groups and the YAML file all reach the mock.
+        let cfg = match engine {
+            "vllm" => with(
+                s.defaults(),
+                &[
+                    ("max_num_seqs", Value::Int(64)),
+                    ("speculative_method", Value::Str("ngram".into())),
+                    ("num_speculative_tokens", Value::Int(3)),
+                    ("prompt_lookup_max", Value::Int(4)),
+                ],
+            ),
+            "trtllm" => with(
+                s.defaults(),
+                &[
+                    ("kv_cache_reuse", Value::Bool(false)),
+                    ("enable_chunked_prefill", Value::Bool(true)),
+                ],
+            ),
+            "llamacpp" => with(
+                s.defaults(),
+                &[
+                    ("parallel", Value::Int(2)),
+                    ("cont_batching", Value::Bool(false)),
+                ],
+            ),
+            _ => with(s.defaults(), &[("max_running_requests", Value::Int(32))]),
+        };
+        let mut cfg = cfg;
+        s.prune(&mut cfg);
+        let e = l
+            .start(&s, &cfg, "tiny-model", &dir.path().join("t0"))
+            .await
+            .unwrap_or_else(|e| panic!("{engine}: {e}"));
+        assert_eq!(e.ready.model, "tiny-model");
+        if engine == "trtllm" {
+            let (path, yaml) = &e.rendered.files[0];
+            assert!(path.exists() && yaml.contains("enable_block_reuse: false"));
+        }
+        // The record carries the process group while the engine runs.
+        let recs = store.engines().unwrap();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].pgid, Some(e.ready.process.pgid()));
+        let out = common::bench_at(
+            &e.base_url,
+            &[
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "64",
+                "--random-output-len",
+                "16",
+                "--num-prompts",
+                "12",
+                "--model",
+                "tiny-model",
+            ],
+        )
+        .await;
+        assert_eq!(out.summary.completed, 12, "{engine}");
+        let pgid = e.ready.process.pgid();
+        let tag = e.tag.clone();
+        e.stop().unwrap();
+        assert!(!group_alive(pgid));
+        assert!(groups_with_tag(&tag).is_empty());
+        assert!(store.engines().unwrap().is_empty(), "{engine}: record left");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_failures_carry_the_engines_own_evidence() {
+    let vllm = quick(space("vllm"));
+    let d = vllm.defaults();
+
+    // A flag the (faked, older) engine does not have.
+    let cfg = with(
+        d.clone(),
+        &[("performance_mode", Value::Str("throughput".into()))],
+    );
+    let (rung, class, ev) =
+        start_failure(&vllm, &cfg, mock("vllm", &["--mock-version", "0.16.0"])).await;
+    assert_eq!((rung, class), (Rung::Alive, FailureClass::BadFlag));
+    assert_eq!(
+        ev,
+        "vllm: error: unrecognized arguments: --performance-mode"
+    );
+
+    // Weights larger than the GPU: torch OOM at start.
+    let (_, class, ev) = start_failure(
+        &vllm,
+        &d,
+        mock("vllm", &["--mock-hardware", "l4", "--mock-model", "32b"]),
+    )
+    .await;
+    assert_eq!(
+        class,
+        FailureClass::OutOfMemory {
+            phase: OomPhase::Startup
+        }
+    );
+    assert!(
+        ev.contains("torch.OutOfMemoryError: CUDA out of memory"),
+        "{ev}"
+    );
+
+    // The KV cache cannot hold one request of the study's length.
+    let mut long = vllm.clone();
+    long.set_vars(&BTreeMap::from([("max_model_len".to_string(), 4_000_000)]))
+        .unwrap();
+    let (_, class, ev) = start_failure(&long, &d, mock("vllm", &[])).await;
+    assert_eq!(
+        class,
+        FailureClass::OutOfMemory {
+            phase: OomPhase::Startup
+        }
+    );
+    assert!(
+        ev.contains("To serve at least one request with the model's max seq len (4000000)"),
+        "{ev}"
+    );
+
+    // Almost all memory to the KV cache, big batches: out of memory while capturing graphs.
+    let cfg = with(
+        d.clone(),
+        &[
+            ("gpu_memory_utilization", Value::Float(0.97)),
+            ("max_num_seqs", Value::Int(1024)),
+        ],
+    );
+    let (_, class, ev) = start_failure(&vllm, &cfg, mock("vllm", &[])).await;
+    assert_eq!(
+        class,
+        FailureClass::OutOfMemory {
+            phase: OomPhase::GraphCapture
+        },
+        "{ev}"
+    );
+
+    // Tensor parallelism beyond the node's GPUs.
+    let cfg = with(d.clone(), &[("tensor_parallel_size", Value::Int(2))]);
+    let (_, class, ev) = start_failure(&vllm, &cfg, mock("vllm", &[])).await;
+    assert_eq!(class, FailureClass::Unsupported);
+    assert!(
+        ev.contains("World size (2) is larger than the number of available GPUs (1)"),
+        "{ev}"
+    );
+
+    // FP8 on a GPU without FP8 kernels (TensorRT-LLM#4599).
+    let trt = quick(space("trtllm"));
+    let cfg = with(
+        trt.defaults(),
+        &[("kv_cache_dtype", Value::Str("fp8".into()))],
+    );
+    let (_, class, ev) =
+        start_failure(&trt, &cfg, mock("trtllm", &["--mock-hardware", "a100"])).await;
+    assert_eq!(class, FailureClass::Unsupported);
+    assert!(
+        ev.contains("Unsupported SM version for FP8 block scaling GEMM"),
+        "{ev}"
+    );
+
+    // SGLang with too small a static pool.
+    let sg = quick(space("sglang"));
+    let cfg = with(
+        sg.defaults(),
+        &[("mem_fraction_static", Value::Float(0.15))],
+    );
+    let (_, class, ev) = start_failure(&sg, &cfg, mock("sglang", &[])).await;
+    assert_eq!(
+        class,
+        FailureClass::OutOfMemory {
+            phase: OomPhase::Startup
+        }
+    );
+    assert!(ev.contains("Not enough memory. Please try to increase --mem-fraction-static"));
+
+    // llama-server with its port taken.
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut argv = mock(
+        "llamacpp",
+        &["--mock-hardware", "cpu", "--mock-model", "135m"],
+    );
+    argv.extend(
+        ["-m", "x.gguf", "--host", "127.0.0.1", "--port"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    argv.push(port.to_string());
+    let spec = LaunchSpec {
+        argv,
+        env: vec![],
+        host: "127.0.0.1".into(),
+        port,
+        health_path: "/health".into(),
+        models_path: "/v1/models".into(),
+        log: dir.path().join("e.log"),
+        ladder: Ladder {
+            port: Duration::from_secs(5),
+            ..Ladder::default()
+        },
+    };
+    let Err(LaunchError::Failed { failure, .. }) = launch(&spec, &Patterns::default()).await else {
+        panic!("expected port in use")
+    };
+    assert_eq!(failure.class, FailureClass::PortInUse);
+    assert!(failure
+        .evidence
+        .contains("couldn't bind HTTP server socket"));
+    drop(holder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_dies_mid_benchmark_is_an_oom_during_the_run() {
+    // Nearly all memory static, 16k-token prefill chunks: a burst of long prompts needs more
+    // activation memory than is left, and the engine dies with torch's message.
+    let sg = quick(space("sglang"));
+    let cfg = with(
+        sg.defaults(),
+        &[
+            ("mem_fraction_static", Value::Float(0.95)),
+            ("chunked_prefill_size", Value::Int(16384)),
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let l = launcher(None, mock("sglang", &[]));
+    let mut e = l.start(&sg, &cfg, "m", dir.path()).await.unwrap();
+    let out = common::bench_at(
+        &e.base_url,
+        &[
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "3000",
+            "--random-output-len",
+            "8",
+            "--num-prompts",
+            "16",
+            "--model",
+            "m",
+        ],
+    )
+    .await;
+    assert!(out.summary.completed < 16, "the engine should have died");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!e.alive());
+    let log = std::fs::read_to_string(&e.log).unwrap();
+    let f = Patterns::new(&sg.engine.failures)
+        .classify(&log, true)
+        .unwrap();
+    assert_eq!(
+        f.class,
+        FailureClass::OutOfMemory {
+            phase: OomPhase::Run
+        }
+    );
+    assert!(f.evidence.contains("CUDA out of memory"));
+    e.stop().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn version_gates_and_help_probing_see_what_the_installed_engine_has() {
+    let vllm = space("vllm");
+    let old = inventory::probe(
+        &vllm,
+        Some(&mock("vllm", &["--mock-version", "0.16.0"])),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(old.version.as_deref(), Some("0.16.0"));
+    assert_eq!(
+        old.missing_flags,
+        vec!["performance_mode".to_string()],
+        "{old:?}"
+    );
+    let new = inventory::probe(&vllm, Some(&mock("vllm", &[])), Duration::from_secs(20)).await;
+    assert_eq!(new.version.as_deref(), Some("0.17.1"));
+    assert!(new.missing_flags.is_empty(), "{new:?}");
+    // trtllm-serve has no --version: the banner of its --help carries it.
+    let trt = inventory::probe(
+        &space("trtllm"),
+        Some(&mock("trtllm", &["--mock-version", "1.1.0"])),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(trt.version.as_deref(), Some("1.1.0"), "{trt:?}");
+    assert!(trt.missing_flags.is_empty(), "{trt:?}");
+    let table = inventory::table(&[old, trt]);
+    assert!(table.contains("lacks: performance_mode"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_kills_an_engine_its_dead_owner_left_and_forgets_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let s = quick(space("vllm"));
+    let l = launcher(Some(store.clone()), mock("vllm", &[]));
+    let e = l
+        .start(&s, &s.defaults(), "m", &dir.path().join("t"))
+        .await
+        .unwrap();
+    let pgid = e.ready.process.pgid();
+    let tag = e.tag.clone();
+    // As if servetune had been SIGKILLed: nothing tears the engine down.
+    std::mem::forget(e);
+    assert!(group_alive(pgid));
+    let reaped = reap(&store).unwrap();
+    assert_eq!(reaped.len(), 1);
+    assert_eq!(reaped[0].tag, tag);
+    assert_eq!(reaped[0].killed, vec![pgid]);
+    // The leader is this test's child: reap its zombie (init would, for a dead servetune).
+    unsafe { libc::waitpid(pgid, std::ptr::null_mut(), 0) };
+    assert!(!group_alive(pgid));
+    assert!(store.engines().unwrap().is_empty());
+    // A record whose engine is already gone is simply forgotten.
+    let e = l
+        .start(&s, &s.defaults(), "m", &dir.path().join("t2"))
+        .await
+        .unwrap();
+    e.stop().unwrap();
+    assert!(reap(&store).unwrap().is_empty());
+}
