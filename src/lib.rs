@@ -13,4 +13,5 @@ pub mod space;
 pub mod store;
 pub mod telemetry;
 pub mod tokenizer;
+pub mod tune;
 pub mod util;

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use super::abort::{AbortPolicy, LatencyLimit};
 use super::client::{Backend, MaxTokensField, RequestTemplate};
-use super::dataset::{random::RandomSpec, sharegpt};
+use super::dataset::{random::RandomSpec, sharegpt, SampleRequest};
 use super::metrics::{GoodputSlo, Metric, SummaryConfig};
 use super::output::{self, RunInfo};
 use super::{BenchError, BenchOutcome, BenchPlan, LoadShape};
@@ -325,6 +325,15 @@ impl BenchArgs {
 
     /// Builds the plan: resolves the model, loads and samples the dataset.
     pub async fn prepare(&self) -> Result<(BenchPlan, RunInfo), BenchError> {
+        self.prepare_with(None).await
+    }
+
+    /// As `prepare`, reusing requests sampled before with the same dataset flags (a study runs
+    /// one workload against many engines; sampling ShareGPT again each time would only cost).
+    pub async fn prepare_with(
+        &self,
+        cached: Option<Vec<SampleRequest>>,
+    ) -> Result<(BenchPlan, RunInfo), BenchError> {
         self.validate()?;
         let base = self.base_url();
         let model = match &self.model {
@@ -341,7 +350,19 @@ impl BenchArgs {
             }),
             _ => Tokenizer::Remote(RemoteTokenizer::new(&base, &served)),
         };
-        let requests = match self.dataset_name {
+        let requests = match cached {
+            Some(r) => r,
+            None => self.sample_requests(&tokenizer).await?,
+        };
+        self.finish_plan(base, model, served, tokenizer, requests)
+    }
+
+    async fn sample_requests(
+        &self,
+        tokenizer: &Tokenizer,
+    ) -> Result<Vec<SampleRequest>, BenchError> {
+        let tokenizer = tokenizer.clone();
+        Ok(match self.dataset_name {
             DatasetName::Sharegpt => {
                 let path = self.dataset_path.as_ref().expect("validated");
                 let loaded = sharegpt::load(path, self.allow_truncated)?;
@@ -379,7 +400,17 @@ impl BenchArgs {
                 )
                 .await?
             }
-        };
+        })
+    }
+
+    fn finish_plan(
+        &self,
+        base: String,
+        model: String,
+        served: String,
+        tokenizer: Tokenizer,
+        requests: Vec<SampleRequest>,
+    ) -> Result<(BenchPlan, RunInfo), BenchError> {
         let endpoint = self
             .endpoint
             .clone()

@@ -645,7 +645,7 @@ impl Space {
         Ok(())
     }
 
-    fn active(&self, p: &Param, cfg: &Config) -> bool {
+    pub fn active(&self, p: &Param, cfg: &Config) -> bool {
         p.when.iter().all(|(k, c)| c.holds(cfg.get(k)))
     }
 

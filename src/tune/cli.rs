@@ -1,0 +1,233 @@
+//! `servetune tune STUDY.toml`, `servetune trials [STUDY]`, `servetune best [--model M]`: the
+//! foreground study and the views of the store, as text or `--json`.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use super::spec::Study;
+use super::study::{
+    self, BestRecord, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES, TRIALS,
+};
+use super::TuneError;
+use crate::store::Store;
+use crate::telemetry::Telemetry;
+
+/// The state directory: `--state`, else `$SERVETUNE_STATE`, else `./state`.
+pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
+    arg.or_else(|| std::env::var_os("SERVETUNE_STATE").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("state"))
+}
+
+pub fn open_store(state: &Path) -> Result<Store, TuneError> {
+    Ok(Store::open(&state.join("db"))?)
+}
+
+/// Removes a study and its trials (for `--restart`).
+pub fn discard(store: &Store, id: &str) -> Result<usize, TuneError> {
+    let ts = study::trials(store, id)?;
+    for t in &ts {
+        store.remove(TRIALS, &study::trial_key(id, t.seq))?;
+    }
+    store.remove(STUDIES, id)?;
+    Ok(ts.len())
+}
+
+/// Runs a study in the foreground, printing a line per trial; resumes it if it was stopped.
+pub async fn tune(
+    file: &Path,
+    state: &Path,
+    restart: bool,
+    json: bool,
+) -> Result<StudyRecord, TuneError> {
+    let study = Study::load(file)?;
+    let store = open_store(state)?;
+    if restart {
+        let n = discard(&store, study.id())?;
+        if n > 0 {
+            eprintln!("discarded {n} trials of study {:?}", study.id());
+        }
+    }
+    let telemetry = Telemetry::detect();
+    let mut runner = super::engine_runner(study, store, state.join("trials"), telemetry).await?;
+    runner.progress = Box::new(|s: &str| eprintln!("{s}"));
+    let cancel = runner.cancel.clone();
+    let watcher = tokio::spawn(async move {
+        crate::signals::terminated().await;
+        eprintln!("stopping: tearing the engine down; run the same command again to resume");
+        cancel.store(true, Ordering::Relaxed);
+    });
+    let result = runner.run().await;
+    watcher.abort();
+    let rec = result?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rec).unwrap_or_default());
+    } else {
+        print!("{}", summary(&rec));
+    }
+    Ok(rec)
+}
+
+/// The end-of-study summary.
+pub fn summary(rec: &StudyRecord) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "study {}: {}",
+        rec.id,
+        rec.stop_reason.as_deref().unwrap_or("")
+    );
+    if let Some(o) = &rec.outcome {
+        let _ = writeln!(s, "objective: {}", o.metric);
+        let _ = writeln!(s, "verdict: {}", o.verdict);
+        if let Some(c) = &o.recommended_command {
+            let _ = writeln!(s, "recommended: {c}");
+        }
+        for v in &o.validation {
+            match &v.diff {
+                Some(d) => {
+                    let _ = writeln!(
+                        s,
+                        "validation {}: {:+.1}% (95% CI {:+.1}% to {:+.1}%){}",
+                        v.workload,
+                        d.pct,
+                        d.pct_low,
+                        d.pct_high,
+                        if v.regression { "  REGRESSION" } else { "" }
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        s,
+                        "validation {}: {}",
+                        v.workload,
+                        v.note.as_deref().unwrap_or("")
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            s,
+            "{} search trials ({} screened only); benchmark time {:.0} s, {:.0} s saved by screening",
+            o.search_trials, o.screened_only, o.bench_s, o.saved_s
+        );
+    }
+    s
+}
+
+fn kind_label(k: &TrialKind) -> String {
+    match k {
+        TrialKind::Search => "search".into(),
+        TrialKind::Remeasure { round, candidate } => format!("ab#{candidate}/{}", round + 1),
+        TrialKind::Validate {
+            workload,
+            round,
+            candidate,
+        } => format!("val:{workload}#{candidate}/{}", round + 1),
+    }
+}
+
+/// The trials table.
+pub fn trials_table(ts: &[TrialRecord]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:>4}  {:<16} {:<10} {:>12} {:>12}  details",
+        "seq", "kind", "status", "objective", "screen"
+    );
+    for t in ts {
+        let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
+        let status = format!("{:?}", t.status).to_lowercase();
+        let details = match t.status {
+            TrialStatus::Failed => t
+                .failure
+                .as_ref()
+                .map(|f| format!("{}: {}", f.class, crate::util::excerpt(&f.evidence, 80)))
+                .unwrap_or_default(),
+            TrialStatus::Infeasible => t.early_stop.clone().unwrap_or_default(),
+            _ => t.command.clone().unwrap_or_else(|| t.note.clone()),
+        };
+        let _ = writeln!(
+            s,
+            "{:>4}  {:<16} {:<10} {:>12} {:>12}  {details}",
+            t.seq,
+            kind_label(&t.kind),
+            status,
+            f(t.objective),
+            f(t.screen_objective)
+        );
+    }
+    s
+}
+
+pub fn trials_cmd(state: &Path, study: Option<&str>, json: bool) -> Result<String, TuneError> {
+    let store = open_store(state)?;
+    let ids: Vec<String> = match study {
+        Some(id) => {
+            if store.get::<StudyRecord>(STUDIES, id)?.is_none() {
+                return Err(TuneError::NoStudy(id.into()));
+            }
+            vec![id.to_owned()]
+        }
+        None => store
+            .scan::<StudyRecord>(STUDIES, "")?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect(),
+    };
+    let mut all = Vec::new();
+    for id in &ids {
+        all.extend(study::trials(&store, id)?);
+    }
+    if json {
+        return Ok(serde_json::to_string_pretty(&all).unwrap_or_default() + "\n");
+    }
+    let mut s = String::new();
+    for id in &ids {
+        let ts: Vec<TrialRecord> = all.iter().filter(|t| &t.study == id).cloned().collect();
+        let _ = writeln!(s, "study {id}: {} trials", ts.len());
+        s.push_str(&trials_table(&ts));
+    }
+    Ok(s)
+}
+
+pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String, TuneError> {
+    let store = open_store(state)?;
+    let best: Vec<BestRecord> = store
+        .scan::<BestRecord>(BEST, "")?
+        .into_iter()
+        .map(|(_, b)| b)
+        .filter(|b| model.is_none_or(|m| b.model == m || b.model.ends_with(m)))
+        .collect();
+    if json {
+        return Ok(serde_json::to_string_pretty(&best).unwrap_or_default() + "\n");
+    }
+    let mut s = String::new();
+    if best.is_empty() {
+        s.push_str("no finished study has recorded a best configuration yet\n");
+    }
+    for b in best {
+        let _ = writeln!(
+            s,
+            "{} on {} ({} {}), workload {}: {} = {} [study {}, trial #{}{}]\n  {}",
+            b.model,
+            b.hardware,
+            b.engine,
+            b.engine_version.as_deref().unwrap_or("?"),
+            b.workload,
+            b.metric,
+            b.objective
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            b.study,
+            b.trial,
+            if b.improved {
+                ""
+            } else {
+                ", the defaults: nothing beat them significantly"
+            },
+            b.command.as_deref().unwrap_or("")
+        );
+    }
+    Ok(s)
+}

@@ -1,0 +1,165 @@
+//! Tuning studies: the study file (`spec`), the optimisers (`opt`, over the unit-cube
+//! coordinates of `encode`), the study loop with its records in the store (`study`), the
+//! evaluators that measure a configuration for real (`eval`) or in virtual time (`sim`), the
+//! statistics of the final comparison (`stats`), the optimiser benchmark (`bench`) and the
+//! `servetune tune|trials|best` commands (`cli`).
+
+// bench: next
+pub mod cli;
+pub mod encode;
+pub mod eval;
+pub mod opt;
+pub mod sim;
+pub mod spec;
+pub mod stats;
+pub mod study;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::engine::inventory;
+use crate::engine::trial::Launcher;
+use crate::space::{Space, SpaceError};
+use crate::store::{Store, StoreError};
+use crate::telemetry::Telemetry;
+use eval::EngineEvaluator;
+use spec::Study;
+use study::Runner;
+
+#[derive(Debug, Error)]
+pub enum TuneError {
+    #[error("study file: {0}")]
+    Spec(String),
+    #[error("cannot read {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Space(#[from] SpaceError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("engine: {0}")]
+    Engine(String),
+    #[error("an engine could not be torn down, so the study stopped: {0}")]
+    Teardown(String),
+    #[error("servetune could not run a trial: {0}")]
+    Infrastructure(String),
+    #[error("interrupted; run the same command again to resume")]
+    Interrupted,
+    #[error("no study {0:?} in the store")]
+    NoStudy(String),
+}
+
+/// Engine spaces of a study, gated to the installed versions: the space, each engine's
+/// version, and the flags dropped because the installed engine lacks them.
+pub async fn engine_space(
+    study: &Study,
+    telemetry: &Telemetry,
+) -> Result<(Space, BTreeMap<String, Option<String>>, Vec<String>), TuneError> {
+    let fp = telemetry.fingerprint();
+    let mut members = Vec::new();
+    let mut versions = BTreeMap::new();
+    let mut dropped = Vec::new();
+    for e in study.spec.study.engines.split('+') {
+        let mut sp = Space::load(&study.space_dir.join(format!("{e}.toml")))?;
+        let mut vars = study.spec.vars.clone();
+        vars.entry("gpu_count".into())
+            .or_insert(telemetry.gpu_count().max(1) as i64);
+        vars.entry("cores".into()).or_insert(fp.cpu_cores as i64);
+        vars.retain(|k, _| sp.vars.contains_key(k));
+        let unknown: Vec<&String> = study
+            .spec
+            .vars
+            .keys()
+            .filter(|k| !sp.vars.contains_key(*k))
+            .collect();
+        if !unknown.is_empty() && study.spec.study.engines == e {
+            return Err(TuneError::Spec(format!(
+                "vars: {} not declared by {e}.toml (declared: {})",
+                unknown
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                sp.vars.keys().cloned().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        sp.set_vars(&vars)?;
+        let binary = study.spec.binaries.get(e).map(|v| v.as_slice());
+        let inst = inventory::probe(&sp, binary, Duration::from_secs(60)).await;
+        if inst.path.is_none() {
+            return Err(TuneError::Engine(format!(
+                "{e} is not installed: {}",
+                inst.note.unwrap_or_default()
+            )));
+        }
+        if inst.version.is_none() {
+            tracing::warn!(
+                "{e}: version unknown ({})",
+                inst.note.as_deref().unwrap_or("no version command")
+            );
+        }
+        if !inst.missing_flags.is_empty() {
+            tracing::warn!(
+                "{e} {}: dropping flags it does not have: {}",
+                inst.version.as_deref().unwrap_or("?"),
+                inst.missing_flags.join(", ")
+            );
+            let (s, gone) = sp.without(&inst.missing_flags);
+            sp = s;
+            dropped.extend(gone.into_iter().map(|g| format!("{e}.{g}")));
+        }
+        versions.insert(e.to_owned(), inst.version);
+        members.push(sp);
+    }
+    let space = if members.len() == 1 {
+        members.pop().expect("one member")
+    } else {
+        Space::joint(members)?
+    };
+    Ok((space, versions, dropped))
+}
+
+/// Everything a real study needs, assembled: reaps engines a killed servetune left behind,
+/// probes the engines, builds the launcher and the runner.
+pub async fn engine_runner(
+    study: Study,
+    store: Store,
+    trial_root: PathBuf,
+    telemetry: Telemetry,
+) -> Result<Runner<EngineEvaluator>, TuneError> {
+    for r in crate::engine::reap::reap(&store)? {
+        if !r.killed.is_empty() {
+            tracing::warn!(
+                "killed engine {} left running by an earlier servetune (process groups {:?})",
+                r.tag,
+                r.killed
+            );
+        }
+    }
+    let (space, versions, dropped) = engine_space(&study, &telemetry).await?;
+    let hardware = telemetry.fingerprint().key();
+    let mut launcher = Launcher::new(Some(store.clone()), telemetry);
+    launcher.refuse_foreign_gpu_processes = study.spec.study.refuse_foreign_gpu_processes;
+    let eval = EngineEvaluator::new(
+        launcher,
+        space.clone(),
+        study.model.clone(),
+        study.workloads.clone(),
+        study.limits.clone(),
+        study.spec.binaries.clone(),
+        versions.clone(),
+    );
+    let mut runner = Runner::new(store, study, space, eval, trial_root);
+    runner.hardware = hardware;
+    runner.engine_versions = versions;
+    runner.dropped_flags = dropped;
+    Ok(runner)
+}

@@ -1,0 +1,369 @@
+//! Bayesian optimisation with a Gaussian process: Matérn 5/2 kernel over the unit-cube
+//! coordinates (numeric distance, 0/1 for categorical values, 1 between an inactive and an
+//! active parameter), hyper-parameters by marginal likelihood over a small grid, expected
+//! improvement on the log objective times the probability of feasibility from a second GP fit
+//! to ±1 labels of feasible vs failed-or-infeasible trials. The acquisition is maximised over
+//! random and local candidates, then refined with argmin's simulated annealing.
+
+use std::cell::RefCell;
+
+use argmin::core::{CostFunction, Error as ArgminError, Executor, State};
+use argmin::solver::simulatedannealing::{Anneal, SimulatedAnnealing};
+use rand::rngs::StdRng;
+use rand::Rng;
+
+use super::{ranked, rng_for, Obs, Optimizer, Proposal};
+use crate::space::Space;
+use crate::tune::encode::{arity, coord_distance, decode, encode, neighbour, Coord};
+use crate::tune::stats::{cdf, pdf};
+
+const STARTUP: usize = 6;
+const RANDOM_CANDIDATES: usize = 256;
+const LOCAL_CANDIDATES: usize = 24;
+const ANNEAL_ITERS: u64 = 80;
+
+pub struct Gp {
+    space: Space,
+    seed: u64,
+}
+
+impl Gp {
+    pub fn new(space: Space, seed: u64) -> Self {
+        Gp { space, seed }
+    }
+}
+
+/// A fitted GP on standardised targets.
+struct Model {
+    x: Vec<Vec<Coord>>,
+    chol: Vec<Vec<f64>>,
+    alpha: Vec<f64>,
+    ls: f64,
+    mean: f64,
+    sd: f64,
+}
+
+fn kernel(a: &[Coord], b: &[Coord], ls: f64) -> f64 {
+    let r2: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| coord_distance(*x, *y).powi(2))
+        .sum();
+    let r = r2.sqrt() / ls;
+    let s5 = 5f64.sqrt() * r;
+    (1.0 + s5 + 5.0 * r * r / 3.0) * (-s5).exp()
+}
+
+fn cholesky(k: &[Vec<f64>]) -> Option<Vec<Vec<f64>>> {
+    let n = k.len();
+    let mut l = vec![vec![0.0; n]; n];
+    for i in 0..n {
+        for j in 0..=i {
+            let s: f64 = (0..j).map(|m| l[i][m] * l[j][m]).sum();
+            if i == j {
+                let d = k[i][i] - s;
+                if d <= 0.0 {
+                    return None;
+                }
+                l[i][j] = d.sqrt();
+            } else {
+                l[i][j] = (k[i][j] - s) / l[j][j];
+            }
+        }
+    }
+    Some(l)
+}
+
+fn solve_lower(l: &[Vec<f64>], b: &[f64]) -> Vec<f64> {
+    let mut y = vec![0.0; b.len()];
+    for i in 0..b.len() {
+        let s: f64 = (0..i).map(|j| l[i][j] * y[j]).sum();
+        y[i] = (b[i] - s) / l[i][i];
+    }
+    y
+}
+
+fn solve_upper_t(l: &[Vec<f64>], y: &[f64]) -> Vec<f64> {
+    let n = y.len();
+    let mut x = vec![0.0; n];
+    for i in (0..n).rev() {
+        let s: f64 = (i + 1..n).map(|j| l[j][i] * x[j]).sum();
+        x[i] = (y[i] - s) / l[i][i];
+    }
+    x
+}
+
+impl Model {
+    /// Fits with the length scale and noise of highest marginal likelihood (or the given ones).
+    fn fit(x: Vec<Vec<Coord>>, y: &[f64], fixed: Option<(f64, f64)>) -> Option<Model> {
+        let n = y.len();
+        let dims = x.first().map(|v| v.len()).unwrap_or(1).max(1) as f64;
+        let mean = y.iter().sum::<f64>() / n as f64;
+        let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+        let sd = if var > 1e-24 { var.sqrt() } else { 1.0 };
+        let ys: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
+        let grid: Vec<(f64, f64)> = match fixed {
+            Some(f) => vec![f],
+            None => [0.1, 0.2, 0.35, 0.6, 1.0]
+                .iter()
+                .flat_map(|l| {
+                    [1e-4, 1e-2, 0.1]
+                        .iter()
+                        .map(move |nz| (l * dims.sqrt(), *nz))
+                })
+                .collect(),
+        };
+        let mut best: Option<(f64, Model)> = None;
+        for (ls, noise) in grid {
+            let k: Vec<Vec<f64>> = (0..n)
+                .map(|i| {
+                    (0..n)
+                        .map(|j| kernel(&x[i], &x[j], ls) + if i == j { noise + 1e-9 } else { 0.0 })
+                        .collect()
+                })
+                .collect();
+            let Some(chol) = cholesky(&k) else { continue };
+            let alpha = solve_upper_t(&chol, &solve_lower(&chol, &ys));
+            let fit: f64 = ys.iter().zip(&alpha).map(|(a, b)| a * b).sum();
+            let logdet: f64 = (0..n).map(|i| chol[i][i].ln()).sum();
+            let lml = -0.5 * fit - logdet;
+            if best.as_ref().is_none_or(|(b, _)| lml > *b) {
+                best = Some((
+                    lml,
+                    Model {
+                        x: x.clone(),
+                        chol,
+                        alpha,
+                        ls,
+                        mean,
+                        sd,
+                    },
+                ));
+            }
+        }
+        best.map(|(_, m)| m)
+    }
+
+    /// Posterior mean and standard deviation in the standardised scale.
+    fn predict(&self, c: &[Coord]) -> (f64, f64) {
+        let ks: Vec<f64> = self.x.iter().map(|xi| kernel(xi, c, self.ls)).collect();
+        let mu: f64 = ks.iter().zip(&self.alpha).map(|(a, b)| a * b).sum();
+        let v = solve_lower(&self.chol, &ks);
+        let var = (1.0 - v.iter().map(|x| x * x).sum::<f64>()).max(1e-12);
+        (mu, var.sqrt())
+    }
+}
+
+/// The acquisition: expected improvement (standardised) times the probability of feasibility.
+struct Acquisition<'a> {
+    space: &'a Space,
+    obj: Model,
+    feas: Option<Model>,
+    /// Best standardised target.
+    best: f64,
+    rng: RefCell<StdRng>,
+}
+
+impl Acquisition<'_> {
+    fn value(&self, c: &[Coord]) -> (f64, f64) {
+        let (mu, sd) = self.obj.predict(c);
+        let z = (mu - self.best - 0.01) / sd;
+        let ei = sd * (z * cdf(z) + pdf(z));
+        let pf = match &self.feas {
+            Some(f) => {
+                let (m, s) = f.predict(c);
+                // Back to label units, then a probit.
+                cdf((m * f.sd + f.mean) / (s * f.sd).max(0.3))
+            }
+            None => 1.0,
+        };
+        (ei.max(0.0) * pf, ei.max(0.0))
+    }
+
+    fn of_params(&self, p: &[f64]) -> Vec<Coord> {
+        self.space
+            .params
+            .iter()
+            .zip(p)
+            .map(|(q, x)| match arity(q) {
+                Some(k) => Coord::Cat((x.round().max(0.0) as usize).min(k - 1)),
+                None => Coord::Num(x.clamp(0.0, 1.0)),
+            })
+            .collect()
+    }
+}
+
+fn to_params(c: &[Coord]) -> Vec<f64> {
+    c.iter()
+        .map(|x| match x {
+            Coord::Num(u) => *u,
+            Coord::Cat(i) => *i as f64,
+            Coord::Off => 0.0,
+        })
+        .collect()
+}
+
+impl CostFunction for Acquisition<'_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+    fn cost(&self, p: &Vec<f64>) -> Result<f64, ArgminError> {
+        let coords = self.of_params(p);
+        match decode(self.space, &coords) {
+            Ok(cfg) => {
+                let (a, _) = self.value(&encode(self.space, &cfg));
+                Ok(-(a + 1e-12).ln())
+            }
+            Err(_) => Ok(1e3),
+        }
+    }
+}
+
+impl Anneal for Acquisition<'_> {
+    type Param = Vec<f64>;
+    type Output = Vec<f64>;
+    type Float = f64;
+    fn anneal(&self, p: &Vec<f64>, extent: f64) -> Result<Vec<f64>, ArgminError> {
+        let coords = self.of_params(p);
+        let scale = (0.3 * extent).clamp(0.02, 0.3);
+        let mut rng = self.rng.borrow_mut();
+        let moves = rng.random_range(1..=2);
+        Ok(to_params(&neighbour(
+            self.space, &coords, moves, scale, &mut *rng,
+        )))
+    }
+}
+
+impl Optimizer for Gp {
+    fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
+        let mut rng = rng_for(self.seed, history.len());
+        let baselines = self.space.baselines().len();
+        let feasible: Vec<&Obs> = history.iter().filter(|h| h.value.is_some()).collect();
+        if history.len() < baselines + STARTUP || feasible.len() < 2 {
+            return Ok(Proposal {
+                config: self.space.sample(&mut rng)?,
+                note: "gp: random start-up".into(),
+                expected_improvement: None,
+            });
+        }
+        let values: Vec<f64> = feasible.iter().filter_map(|h| h.value).collect();
+        let use_log = values.iter().all(|v| *v > 0.0);
+        let y: Vec<f64> = values
+            .iter()
+            .map(|v| if use_log { v.ln() } else { *v })
+            .collect();
+        let x: Vec<Vec<Coord>> = feasible
+            .iter()
+            .map(|h| encode(&self.space, &h.config))
+            .collect();
+        let Some(obj) = Model::fit(x, &y, None) else {
+            return Ok(Proposal {
+                config: self.space.sample(&mut rng)?,
+                note: "gp: kernel matrix not positive definite; random".into(),
+                expected_improvement: None,
+            });
+        };
+        let feas = if feasible.len() < history.len() {
+            let xs: Vec<Vec<Coord>> = history
+                .iter()
+                .map(|h| encode(&self.space, &h.config))
+                .collect();
+            let labels: Vec<f64> = history
+                .iter()
+                .map(|h| if h.value.is_some() { 1.0 } else { -1.0 })
+                .collect();
+            Model::fit(xs, &labels, Some((obj.ls, 0.05)))
+        } else {
+            None
+        };
+        let best = y
+            .iter()
+            .map(|v| (v - obj.mean) / obj.sd)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let acq = Acquisition {
+            space: &self.space,
+            obj,
+            feas,
+            best,
+            rng: RefCell::new(rng_for(self.seed ^ 0xA11EA1, history.len())),
+        };
+        // Candidates: random points and neighbours of the best trials.
+        let mut cands: Vec<Vec<Coord>> = Vec::new();
+        for _ in 0..RANDOM_CANDIDATES {
+            if let Ok(c) = self.space.sample(&mut rng) {
+                cands.push(encode(&self.space, &c));
+            }
+        }
+        for t in ranked(history).into_iter().take(3) {
+            if history[t].value.is_none() {
+                continue;
+            }
+            let start = encode(&self.space, &history[t].config);
+            for _ in 0..LOCAL_CANDIDATES {
+                let n = neighbour(&self.space, &start, rng.random_range(1..=2), 0.1, &mut rng);
+                if let Ok(c) = decode(&self.space, &n) {
+                    cands.push(encode(&self.space, &c));
+                }
+            }
+        }
+        let Some(start) = cands
+            .iter()
+            .max_by(|a, b| acq.value(a).0.total_cmp(&acq.value(b).0))
+            .cloned()
+        else {
+            return Err("gp: no valid candidate in the space".into());
+        };
+        // Refine with argmin's simulated annealing on the acquisition.
+        let init = to_params(&crate::tune::encode::complete(&self.space, &start));
+        let solver =
+            SimulatedAnnealing::new_with_rng(1.0, rng_for(self.seed ^ 0x5A, history.len()))
+                .map_err(|e| format!("gp: {e}"))?;
+        let refined = Executor::new(&acq, solver)
+            .configure(|s| s.param(init).max_iters(ANNEAL_ITERS))
+            .run()
+            .ok()
+            .and_then(|r| r.state().get_best_param().cloned())
+            .map(|p| acq.of_params(&p))
+            .and_then(|c| decode(&self.space, &c).ok())
+            .map(|cfg| encode(&self.space, &cfg));
+        let chosen = match refined {
+            Some(r) if acq.value(&r).0 >= acq.value(&start).0 => r,
+            _ => start,
+        };
+        let (a, ei) = acq.value(&chosen);
+        let config = decode(&self.space, &chosen)?;
+        // EI on the log objective, back in the original units: a relative improvement.
+        let rel = if use_log {
+            ei * acq.obj.sd
+        } else {
+            ei * acq.obj.sd
+                / values
+                    .iter()
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, f64::max)
+                    .abs()
+                    .max(1e-12)
+        };
+        Ok(Proposal {
+            config,
+            note: format!("gp: EI {:.2}% (× P(feasible) = {a:.3})", 100.0 * rel),
+            expected_improvement: Some(rel),
+        })
+    }
+}
+
+impl<'a> CostFunction for &Acquisition<'a> {
+    type Param = Vec<f64>;
+    type Output = f64;
+    fn cost(&self, p: &Vec<f64>) -> Result<f64, ArgminError> {
+        (*self).cost(p)
+    }
+}
+
+impl<'a> Anneal for &Acquisition<'a> {
+    type Param = Vec<f64>;
+    type Output = Vec<f64>;
+    type Float = f64;
+    fn anneal(&self, p: &Vec<f64>, extent: f64) -> Result<Vec<f64>, ArgminError> {
+        (*self).anneal(p, extent)
+    }
+}

@@ -1,0 +1,187 @@
+//! Optimisers, ask/tell style with no I/O: each is built from the space and the study's seed
+//! and proposes the next configuration from the trials so far. A proposal is a pure function of
+//! (space, seed, history), so the history stored after every trial *is* the optimiser's state:
+//! a resumed study rebuilds the optimiser and gets exactly the proposal it would have had.
+//!
+//! The first proposals are always the engines' defaults (one per engine of a joint space): the
+//! baselines every result is compared with.
+
+mod anneal;
+pub mod baseline;
+mod gp;
+mod tpe;
+
+use std::collections::HashSet;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::space::{Config, Space};
+
+/// Which optimiser a study uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Tree-structured Parzen estimator (Bergstra et al. 2011), per-parameter densities.
+    #[default]
+    Tpe,
+    /// Gaussian process with expected improvement times the probability of feasibility.
+    Gp,
+    /// Simulated annealing from the defaults.
+    Anneal,
+    Random,
+    /// A shuffled grid (3 levels per numeric parameter, every categorical value).
+    Grid,
+    /// The seeds' method: defaults, then one option at a time, then the winners combined.
+    Reports,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Tpe,
+        Kind::Gp,
+        Kind::Anneal,
+        Kind::Random,
+        Kind::Grid,
+        Kind::Reports,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Tpe => "tpe",
+            Kind::Gp => "gp",
+            Kind::Anneal => "anneal",
+            Kind::Random => "random",
+            Kind::Grid => "grid",
+            Kind::Reports => "reports",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.name() == s)
+    }
+}
+
+/// What the optimiser learnt from one trial.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Obs {
+    pub config: Config,
+    /// The objective (higher is better) when the trial met every constraint.
+    pub value: Option<f64>,
+    /// The engine failed (start-up failure, crash, hang), as opposed to running but missing
+    /// a constraint.
+    pub failed: bool,
+}
+
+/// A proposed configuration and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub config: Config,
+    pub note: String,
+    /// Expected improvement relative to the best value, where the optimiser models it.
+    pub expected_improvement: Option<f64>,
+}
+
+/// The interface every optimiser implements. `&mut self` only for caches derived from the
+/// space and seed; the result depends on nothing but the history.
+pub trait Optimizer {
+    fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String>;
+}
+
+/// Builds an optimiser.
+pub fn make(kind: Kind, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
+    let inner: Box<dyn Optimizer + Send> = match kind {
+        Kind::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed)),
+        Kind::Gp => Box::new(gp::Gp::new(space.clone(), seed)),
+        Kind::Anneal => Box::new(anneal::Anneal::new(space.clone(), seed)),
+        Kind::Random => Box::new(baseline::Random::new(space.clone(), seed)),
+        Kind::Grid => Box::new(baseline::Grid::new(space.clone(), seed)),
+        Kind::Reports => Box::new(baseline::Reports::new(space.clone())),
+    };
+    Box::new(WithBaselines {
+        baselines: space.baselines(),
+        space: space.clone(),
+        seed,
+        inner,
+    })
+}
+
+/// The baselines first; afterwards the inner optimiser, with a proposal that repeats an earlier
+/// trial replaced by a fresh random point (a repeat teaches nothing).
+struct WithBaselines {
+    baselines: Vec<Config>,
+    space: Space,
+    seed: u64,
+    inner: Box<dyn Optimizer + Send>,
+}
+
+impl Optimizer for WithBaselines {
+    fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
+        if let Some(b) = self
+            .baselines
+            .iter()
+            .find(|b| !history.iter().any(|h| &h.config == *b))
+        {
+            return Ok(Proposal {
+                config: b.clone(),
+                note: "engine defaults (baseline)".into(),
+                expected_improvement: None,
+            });
+        }
+        let p = self.inner.propose(history)?;
+        let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();
+        if !seen.contains(&key(&p.config)) {
+            return Ok(p);
+        }
+        let mut rng = rng_for(self.seed ^ 0xD0_0B1E, history.len());
+        for _ in 0..50 {
+            let c = self.space.sample(&mut rng)?;
+            if !seen.contains(&key(&c)) {
+                return Ok(Proposal {
+                    config: c,
+                    note: format!("{} (already tried; random instead)", p.note),
+                    expected_improvement: p.expected_improvement,
+                });
+            }
+        }
+        // A space this small is exhausted: measuring a point again at least narrows its noise.
+        Ok(p)
+    }
+}
+
+/// A canonical text of a configuration, for equality and hashing.
+pub fn key(cfg: &Config) -> String {
+    serde_json::to_string(cfg).unwrap_or_default()
+}
+
+/// The random stream of proposal number `n` of a study with this seed.
+pub fn rng_for(seed: u64, n: usize) -> StdRng {
+    StdRng::seed_from_u64(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(n as u64)
+            .rotate_left(17)
+            ^ 0x5EED,
+    )
+}
+
+/// Observations ordered best first: feasible by value, then infeasible, then failed.
+pub fn ranked(history: &[Obs]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..history.len()).collect();
+    let rank = |o: &Obs| match (o.value, o.failed) {
+        (Some(v), _) => (0, -v),
+        (None, false) => (1, 0.0),
+        (None, true) => (2, 0.0),
+    };
+    idx.sort_by(|a, b| {
+        let (ra, rb) = (rank(&history[*a]), rank(&history[*b]));
+        ra.0.cmp(&rb.0).then(ra.1.total_cmp(&rb.1)).then(a.cmp(b))
+    });
+    idx
+}
+
+/// The best feasible value so far.
+pub fn best_value(history: &[Obs]) -> Option<f64> {
+    history.iter().filter_map(|o| o.value).reduce(f64::max)
+}
+
+#[cfg(test)]
+mod tests;

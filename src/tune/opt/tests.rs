@@ -1,0 +1,175 @@
+//! Optimiser tests on a small analytic landscape with a crash region.
+
+use super::*;
+use crate::space::Value;
+
+const TOY: &str = r#"
+[engine]
+name = "toy"
+binary = "toy"
+argv = ["{binary}", "--port", "{port}"]
+
+[[param]]
+name = "x"
+flag = "--x"
+type = "float"
+min = 0.0
+max = 1.0
+default = 0.1
+source = "test"
+
+[[param]]
+name = "y"
+flag = "--y"
+type = "int"
+min = 1
+max = 64
+log = true
+default = 4
+source = "test"
+
+[[param]]
+name = "mode"
+flag = "--mode"
+type = "categorical"
+values = ["a", "b", "c"]
+default = "a"
+source = "test"
+"#;
+
+fn toy() -> Space {
+    Space::parse(TOY, "toy.toml").unwrap()
+}
+
+fn num(c: &Config, k: &str) -> f64 {
+    match c.get(k) {
+        Some(Value::Float(x)) => *x,
+        Some(Value::Int(x)) => *x as f64,
+        _ => panic!("{k} missing in {c:?}"),
+    }
+}
+
+/// Peak at x = 0.7, y = 16, mode b; x > 0.85 crashes.
+fn evaluate(c: &Config) -> Obs {
+    let x = num(c, "x");
+    let y = num(c, "y").log2();
+    if x > 0.85 {
+        return Obs {
+            config: c.clone(),
+            value: None,
+            failed: true,
+        };
+    }
+    let m = match c.get("mode") {
+        Some(Value::Str(s)) if s == "b" => 1.0,
+        Some(Value::Str(s)) if s == "c" => 0.8,
+        _ => 0.6,
+    };
+    let v = m * (100.0 - 80.0 * (x - 0.7).powi(2) - 2.0 * (y - 4.0).powi(2));
+    Obs {
+        config: c.clone(),
+        value: Some(v),
+        failed: false,
+    }
+}
+
+fn run(kind: Kind, seed: u64, n: usize) -> Vec<Obs> {
+    let space = toy();
+    let mut opt = make(kind, &space, seed);
+    let mut hist = Vec::new();
+    for _ in 0..n {
+        let p = opt.propose(&hist).unwrap();
+        hist.push(evaluate(&p.config));
+    }
+    hist
+}
+
+#[test]
+fn the_first_trial_is_always_the_defaults() {
+    for k in Kind::ALL {
+        let h = run(k, 7, 1);
+        assert_eq!(h[0].config, toy().defaults(), "{}", k.name());
+    }
+}
+
+#[test]
+fn proposals_are_deterministic_for_a_seed_and_differ_across_seeds() {
+    for k in Kind::ALL {
+        let a: Vec<Config> = run(k, 3, 14).into_iter().map(|o| o.config).collect();
+        let b: Vec<Config> = run(k, 3, 14).into_iter().map(|o| o.config).collect();
+        assert_eq!(a, b, "{} is not deterministic", k.name());
+        if k != Kind::Reports {
+            let c: Vec<Config> = run(k, 4, 14).into_iter().map(|o| o.config).collect();
+            assert_ne!(a, c, "{} ignores the seed", k.name());
+        }
+    }
+}
+
+#[test]
+fn a_resumed_optimiser_proposes_what_the_original_would_have() {
+    for k in Kind::ALL {
+        let h = run(k, 11, 12);
+        let mut fresh = make(k, &toy(), 11);
+        let p = fresh.propose(&h[..9]).unwrap();
+        assert_eq!(p.config, h[9].config, "{}", k.name());
+    }
+}
+
+#[test]
+fn model_based_optimisers_find_the_peak_and_avoid_the_crash_region() {
+    let best_of = |h: &[Obs]| best_value(h).unwrap();
+    let crashes = |h: &[Obs]| h.iter().filter(|o| o.failed).count();
+    let (mut tpe_best, mut gp_best, mut rnd_best) = (0.0, 0.0, 0.0);
+    let (mut tpe_crash, mut gp_crash, mut rnd_crash) = (0, 0, 0);
+    for seed in 0..4 {
+        let t = run(Kind::Tpe, seed, 30);
+        let g = run(Kind::Gp, seed, 30);
+        let r = run(Kind::Random, seed, 30);
+        tpe_best += best_of(&t);
+        gp_best += best_of(&g);
+        rnd_best += best_of(&r);
+        // Crashes after the start-up phase.
+        tpe_crash += crashes(&t[10..]);
+        gp_crash += crashes(&g[10..]);
+        rnd_crash += crashes(&r[10..]);
+    }
+    assert!(gp_best >= rnd_best, "gp {gp_best} random {rnd_best}");
+    assert!(
+        tpe_best >= 0.97 * rnd_best,
+        "tpe {tpe_best} random {rnd_best}"
+    );
+    assert!(gp_best / 4.0 > 95.0, "gp mean best {}", gp_best / 4.0);
+    assert!(gp_crash < rnd_crash, "gp {gp_crash} random {rnd_crash}");
+    assert!(tpe_crash < rnd_crash, "tpe {tpe_crash} random {rnd_crash}");
+}
+
+#[test]
+fn grid_visits_distinct_points_then_says_it_is_exhausted() {
+    let space = toy();
+    let grid = baseline::Grid::new(space.clone(), 0);
+    // 3 levels of x, 3 of y, 3 modes.
+    assert_eq!(grid.len(), 27);
+    let mut opt = make(Kind::Grid, &space, 0);
+    let mut hist = Vec::new();
+    while let Ok(p) = opt.propose(&hist) {
+        assert!(!hist.iter().any(|h: &Obs| h.config == p.config));
+        hist.push(evaluate(&p.config));
+        assert!(hist.len() <= 28);
+    }
+    assert_eq!(hist.len(), 28, "27 grid points and the defaults");
+}
+
+#[test]
+fn reports_method_changes_one_option_at_a_time_then_combines_the_winners() {
+    let h = run(Kind::Reports, 0, 40);
+    let d = toy().defaults();
+    let changed = |c: &Config| c.iter().filter(|(k, v)| d.get(*k) != Some(v)).count();
+    let singles = h[1..]
+        .iter()
+        .take_while(|o| changed(&o.config) == 1)
+        .count();
+    // x: 5 levels (0.1 is not one of them), y: 1, 3, 8, 23, 64 (4 is not one), mode: 2 others.
+    assert_eq!(singles, 5 + 5 + 2);
+    let next = &h[1 + singles];
+    assert!(changed(&next.config) >= 2, "{:?}", next.config);
+}

@@ -1,0 +1,563 @@
+//! The study file (TOML): what to tune, on which workloads, for which objective, under which
+//! constraints and budget. Parsing rejects unknown keys; every error names the field.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::opt::Kind;
+use super::TuneError;
+use crate::bench::abort::LatencyLimit;
+use crate::bench::args::BenchArgs;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StudySpec {
+    pub study: StudySection,
+    /// Study variables for the spaces (`max_model_len`, `ctx_size`, `gpu_count`, …).
+    #[serde(default)]
+    pub vars: BTreeMap<String, i64>,
+    /// Per engine, the argv that replaces `{binary}` (e.g. the mock engine in tests).
+    #[serde(default)]
+    pub binaries: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub objective: Objective,
+    #[serde(default)]
+    pub constraints: Constraints,
+    #[serde(default)]
+    pub budget: Budget,
+    #[serde(default)]
+    pub stopping: Stopping,
+    #[serde(default)]
+    pub screening: Screening,
+    #[serde(default)]
+    pub remeasure: Remeasure,
+    #[serde(default)]
+    pub validation: Validation,
+    #[serde(rename = "workload")]
+    pub workloads: Vec<Workload>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StudySection {
+    /// The study's id in the store.
+    pub name: String,
+    /// The model argument of the engine (`@smollm2`: the GGUF `servetune setup llamacpp` installs).
+    pub model: String,
+    /// One engine (`vllm`) or a choice (`vllm+sglang`).
+    pub engines: String,
+    #[serde(default)]
+    pub optimizer: Kind,
+    #[serde(default)]
+    pub seed: u64,
+    /// Where the engines' space files are (default: `search-spaces` next to the study's
+    /// directory, then in the working directory).
+    #[serde(default)]
+    pub space_dir: Option<PathBuf>,
+    /// Refuse to launch on a GPU that other processes use.
+    #[serde(default = "yes")]
+    pub refuse_foreign_gpu_processes: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    #[default]
+    TotalTokenThroughput,
+    OutputThroughput,
+    RequestThroughput,
+    /// vLLM's request goodput; the primary workload needs `--goodput`.
+    RequestGoodput,
+    /// Output tokens per joule of GPU energy (needs NVML).
+    TokensPerJoule,
+    /// The highest request rate that still meets the constraints (inner search per trial).
+    MaxRate,
+}
+
+impl Metric {
+    pub fn label(self) -> &'static str {
+        match self {
+            Metric::TotalTokenThroughput => "total token throughput (tok/s)",
+            Metric::OutputThroughput => "output token throughput (tok/s)",
+            Metric::RequestThroughput => "request throughput (req/s)",
+            Metric::RequestGoodput => "request goodput (req/s)",
+            Metric::TokensPerJoule => "output tokens per joule",
+            Metric::MaxRate => "highest request rate within the SLOs (req/s)",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Objective {
+    #[serde(default)]
+    pub metric: Metric,
+    /// `max_rate`: the rates searched (req/s), and how many runs the inner search may use.
+    #[serde(default = "rate_min")]
+    pub rate_min: f64,
+    #[serde(default = "rate_max")]
+    pub rate_max: f64,
+    #[serde(default = "rate_steps")]
+    pub rate_steps: u32,
+}
+
+fn rate_min() -> f64 {
+    0.25
+}
+fn rate_max() -> f64 {
+    64.0
+}
+fn rate_steps() -> u32 {
+    5
+}
+
+impl Default for Objective {
+    fn default() -> Self {
+        Objective {
+            metric: Metric::default(),
+            rate_min: rate_min(),
+            rate_max: rate_max(),
+            rate_steps: rate_steps(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Constraints {
+    /// Successful requests / all (0..=1).
+    #[serde(default = "min_success")]
+    pub min_success_rate: f64,
+    /// Latency limits `METRIC:STAT:MS` (`tpot:mean:50`, `ttft:p99:2000`).
+    #[serde(default)]
+    pub slo: Vec<String>,
+}
+
+fn min_success() -> f64 {
+    0.99
+}
+
+impl Default for Constraints {
+    fn default() -> Self {
+        Constraints {
+            min_success_rate: min_success(),
+            slo: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Search trials at most (baselines included).
+    #[serde(default = "trials")]
+    pub trials: u32,
+    /// Wall time of the whole study at most, seconds (search stops; re-measurement still runs).
+    #[serde(default)]
+    pub wall_time_s: Option<f64>,
+}
+
+fn trials() -> u32 {
+    30
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            trials: trials(),
+            wall_time_s: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stopping {
+    /// Stop when the best has not improved by `min_improvement` for this many trials.
+    #[serde(default = "patience")]
+    pub patience: u32,
+    /// Relative improvement that counts (0.01 = 1%).
+    #[serde(default = "min_improvement")]
+    pub min_improvement: f64,
+    /// Never stop for convergence before this many trials.
+    #[serde(default = "min_trials")]
+    pub min_trials: u32,
+    /// GP only: stop when the expected improvement of the next proposal is below this (relative).
+    #[serde(default = "ei_threshold")]
+    pub ei_threshold: f64,
+}
+
+fn patience() -> u32 {
+    10
+}
+fn min_improvement() -> f64 {
+    0.01
+}
+fn min_trials() -> u32 {
+    10
+}
+fn ei_threshold() -> f64 {
+    0.002
+}
+
+impl Default for Stopping {
+    fn default() -> Self {
+        Stopping {
+            patience: patience(),
+            min_improvement: min_improvement(),
+            min_trials: min_trials(),
+            ei_threshold: ei_threshold(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Screening {
+    /// Screening runs use this fraction of the primary workload's prompts; 1 disables screening.
+    #[serde(default = "fraction")]
+    pub fraction: f64,
+    /// The fraction of screened candidates (the best ones) that get the full-length run.
+    #[serde(default = "promote")]
+    pub promote: f64,
+}
+
+fn fraction() -> f64 {
+    0.34
+}
+fn promote() -> f64 {
+    0.34
+}
+
+impl Default for Screening {
+    fn default() -> Self {
+        Screening {
+            fraction: fraction(),
+            promote: promote(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Remeasure {
+    /// Candidates re-measured against the baseline.
+    #[serde(default = "top")]
+    pub top: u32,
+    /// Rounds of A/B/… interleaving (each measures every candidate and the baseline once).
+    #[serde(default = "repeats")]
+    pub repeats: u32,
+}
+
+fn top() -> u32 {
+    2
+}
+fn repeats() -> u32 {
+    3
+}
+
+impl Default for Remeasure {
+    fn default() -> Self {
+        Remeasure {
+            top: top(),
+            repeats: repeats(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Validation {
+    /// A relative loss against the baseline beyond this on any workload is a regression.
+    #[serde(default = "tolerance")]
+    pub tolerance: f64,
+}
+
+fn tolerance() -> f64 {
+    0.05
+}
+
+impl Default for Validation {
+    fn default() -> Self {
+        Validation {
+            tolerance: tolerance(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub name: String,
+    /// The workload tuned on (default: the first).
+    #[serde(default)]
+    pub primary: bool,
+    /// `servetune bench` flags (`--dataset-path @sharegpt` is the cached ShareGPT).
+    pub args: Vec<String>,
+}
+
+/// A loaded, checked study.
+#[derive(Debug, Clone)]
+pub struct Study {
+    pub spec: StudySpec,
+    /// The file's text, stored with the study.
+    pub text: String,
+    pub space_dir: PathBuf,
+    /// The model argument with `@` aliases resolved.
+    pub model: String,
+    /// Each workload's parsed flags (aliases resolved), primary first.
+    pub workloads: Vec<(String, BenchArgs)>,
+    pub limits: Vec<LatencyLimit>,
+}
+
+fn field(f: &str, msg: impl std::fmt::Display) -> TuneError {
+    TuneError::Spec(format!("{f}: {msg}"))
+}
+
+/// `@smollm2` and `@sharegpt`: the assets of `servetune setup llamacpp`.
+fn resolve_alias(s: &str, what: &str) -> Result<String, TuneError> {
+    let Some(name) = s.strip_prefix('@') else {
+        return Ok(s.to_owned());
+    };
+    let paths = crate::setup::LlamaPaths::new(&crate::util::cache_dir());
+    let p = match name {
+        "smollm2" => paths.model,
+        "sharegpt" => paths.sharegpt,
+        _ => {
+            return Err(field(
+                what,
+                format!("unknown alias {s:?} (known: @smollm2, @sharegpt)"),
+            ))
+        }
+    };
+    Ok(p.display().to_string())
+}
+
+impl Study {
+    pub fn load(path: &Path) -> Result<Study, TuneError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TuneError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Study::parse(&text, path)
+    }
+
+    /// Parses and checks; `path` names the file in errors and anchors relative paths.
+    pub fn parse(text: &str, path: &Path) -> Result<Study, TuneError> {
+        let spec: StudySpec = toml::from_str(text)
+            .map_err(|e| TuneError::Spec(format!("{}: {e}", path.display())))?;
+        let s = &spec;
+        if s.study.name.is_empty()
+            || !s
+                .study
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(field(
+                "study.name",
+                format!(
+                    "{:?} must be non-empty letters, digits, '-', '_' or '.'",
+                    s.study.name
+                ),
+            ));
+        }
+        if s.workloads.is_empty() {
+            return Err(field("workload", "at least one [[workload]] is needed"));
+        }
+        if !(0.0..=1.0).contains(&s.constraints.min_success_rate) {
+            return Err(field(
+                "constraints.min_success_rate",
+                format!("{} is not in [0, 1]", s.constraints.min_success_rate),
+            ));
+        }
+        let limits = s
+            .constraints
+            .slo
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                LatencyLimit::parse(l).map_err(|e| field(&format!("constraints.slo[{i}]"), e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if s.budget.trials < 1 {
+            return Err(field("budget.trials", "must be at least 1"));
+        }
+        if let Some(w) = s.budget.wall_time_s {
+            if !(w.is_finite() && w > 0.0) {
+                return Err(field(
+                    "budget.wall_time_s",
+                    format!("{w} is not a positive number of seconds"),
+                ));
+            }
+        }
+        if !(s.screening.fraction > 0.0 && s.screening.fraction <= 1.0) {
+            return Err(field(
+                "screening.fraction",
+                format!("{} is not in (0, 1]", s.screening.fraction),
+            ));
+        }
+        if !(s.screening.promote > 0.0 && s.screening.promote <= 1.0) {
+            return Err(field(
+                "screening.promote",
+                format!("{} is not in (0, 1]", s.screening.promote),
+            ));
+        }
+        if !(s.stopping.min_improvement >= 0.0 && s.stopping.min_improvement < 1.0) {
+            return Err(field(
+                "stopping.min_improvement",
+                format!("{} is not in [0, 1)", s.stopping.min_improvement),
+            ));
+        }
+        if s.remeasure.repeats < 2 {
+            return Err(field(
+                "remeasure.repeats",
+                "needs at least 2 rounds for a confidence interval",
+            ));
+        }
+        if !(s.validation.tolerance >= 0.0 && s.validation.tolerance < 1.0) {
+            return Err(field(
+                "validation.tolerance",
+                format!("{} is not in [0, 1)", s.validation.tolerance),
+            ));
+        }
+        let o = &s.objective;
+        if o.metric == Metric::MaxRate
+            && !(o.rate_min > 0.0 && o.rate_max > o.rate_min && o.rate_steps >= 2)
+        {
+            return Err(field(
+                "objective",
+                "max_rate needs 0 < rate_min < rate_max and rate_steps >= 2",
+            ));
+        }
+        let primaries = s.workloads.iter().filter(|w| w.primary).count();
+        if primaries > 1 {
+            return Err(field("workload", "only one workload may be primary"));
+        }
+        let mut workloads = Vec::new();
+        let mut names = std::collections::BTreeSet::new();
+        for (i, w) in s.workloads.iter().enumerate() {
+            let f = format!("workload[{i}] ({})", w.name);
+            if !names.insert(w.name.clone()) {
+                return Err(field(&f, "duplicate workload name"));
+            }
+            let mut args = Vec::new();
+            let mut it = w.args.iter();
+            while let Some(a) = it.next() {
+                args.push(a.clone());
+                if a == "--dataset-path" || a == "--tokenizer" {
+                    if let Some(v) = it.next() {
+                        args.push(resolve_alias(v, &format!("{f}.args"))?);
+                    }
+                }
+            }
+            let mut b = BenchArgs::from_flags(&args).map_err(|e| {
+                field(
+                    &format!("{f}.args"),
+                    e.to_string().trim().replace('\n', " "),
+                )
+            })?;
+            for flag in ["--host", "--port", "--base-url"] {
+                if w.args
+                    .iter()
+                    .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+                {
+                    return Err(field(
+                        &format!("{f}.args"),
+                        format!("{flag} is set by the study (each trial has its own engine)"),
+                    ));
+                }
+            }
+            if o.metric == Metric::RequestGoodput && w.primary && b.goodput.is_empty() {
+                return Err(field(
+                    &format!("{f}.args"),
+                    "objective request_goodput needs --goodput on the primary workload",
+                ));
+            }
+            // The study's constraints are the run's early-abort policy too.
+            b.min_success_rate = Some(s.constraints.min_success_rate);
+            b.slo = s.constraints.slo.clone();
+            let mut pcts: Vec<String> = b
+                .metric_percentiles
+                .split(',')
+                .map(|x| x.trim().to_owned())
+                .filter(|x| !x.is_empty())
+                .collect();
+            for l in &limits {
+                if let crate::bench::abort::Stat::P(p) = l.stat {
+                    let p = format!("{p}");
+                    if !pcts.contains(&p) {
+                        pcts.push(p);
+                    }
+                }
+            }
+            b.metric_percentiles = pcts.join(",");
+            b.disable_tqdm = true;
+            b.validate().map_err(|e| field(&format!("{f}.args"), e))?;
+            if w.primary {
+                workloads.insert(0, (w.name.clone(), b));
+            } else {
+                workloads.push((w.name.clone(), b));
+            }
+        }
+        if o.metric == Metric::RequestGoodput && primaries == 0 && workloads[0].1.goodput.is_empty()
+        {
+            return Err(field(
+                "workload[0].args",
+                "objective request_goodput needs --goodput on the primary workload",
+            ));
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let space_dir = match &s.study.space_dir {
+            Some(d) if d.is_absolute() => d.clone(),
+            Some(d) => base.join(d),
+            None => [
+                base.join("../search-spaces"),
+                base.join("search-spaces"),
+                PathBuf::from("search-spaces"),
+            ]
+            .into_iter()
+            .find(|d| d.is_dir())
+            .unwrap_or_else(|| PathBuf::from("search-spaces")),
+        };
+        for e in s.study.engines.split('+') {
+            if !space_dir.join(format!("{e}.toml")).is_file() {
+                return Err(field(
+                    "study.engines",
+                    format!(
+                        "no search space {} (known: {})",
+                        space_dir.join(format!("{e}.toml")).display(),
+                        crate::space::Space::available(&space_dir).join(", ")
+                    ),
+                ));
+            }
+        }
+        for k in s.binaries.keys() {
+            if !s.study.engines.split('+').any(|e| e == k) {
+                return Err(field(
+                    &format!("binaries.{k}"),
+                    "is not one of study.engines",
+                ));
+            }
+        }
+        let model = resolve_alias(&s.study.model, "study.model")?;
+        Ok(Study {
+            text: text.to_owned(),
+            space_dir,
+            model,
+            workloads,
+            limits,
+            spec,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.spec.study.name
+    }
+}
