@@ -49,6 +49,52 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run (or resume) a tuning study in the foreground.
+    Tune {
+        /// The study file (TOML).
+        study: std::path::PathBuf,
+        /// State directory (store and trial logs); default $SERVETUNE_STATE or ./state.
+        #[arg(long)]
+        state: Option<std::path::PathBuf>,
+        /// Discard the study's earlier trials instead of resuming.
+        #[arg(long)]
+        restart: bool,
+        /// Print the finished study record as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The trials of one study (or of all).
+    Trials {
+        study: Option<String>,
+        #[arg(long)]
+        state: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The best known configuration per (model, hardware, engine version, workload).
+    Best {
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        state: Option<std::path::PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Benchmark the optimisers on the mock engine's landscapes (prints a table).
+    SearchBench {
+        #[arg(long, default_value_t = 20)]
+        seeds: u64,
+        #[arg(long, default_value_t = 40)]
+        budget: usize,
+        #[arg(long, default_value_t = 3000)]
+        optimum_samples: usize,
+        /// Only landscapes whose name contains this.
+        #[arg(long)]
+        only: Option<String>,
+        /// The most trials a grid gets.
+        #[arg(long, default_value_t = 400)]
+        grid_cap: usize,
+    },
     /// Install a real engine and its assets into the cache.
     Setup {
         #[command(subcommand)]
@@ -99,6 +145,13 @@ fn space_command(what: SpaceWhat) -> anyhow::Result<()> {
     space_text(what, &mut out)?;
     // A reader that stops early (`| head`) is not an error.
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    Ok(())
+}
+
+/// Prints to stdout; a reader that stops early (`| head`) is not an error.
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
     Ok(())
 }
 
@@ -189,6 +242,53 @@ fn main() -> ExitCode {
                 } else {
                     print!("{}", inventory::table(&rows));
                 }
+                Ok(0)
+            }
+            Command::Tune {
+                study,
+                state,
+                restart,
+                json,
+            } => {
+                use servetune::tune::cli;
+                let state = cli::state_dir(state);
+                match cli::tune(&study, &state, restart, json).await {
+                    Ok(_) => Ok(0),
+                    Err(servetune::tune::TuneError::Interrupted) => {
+                        eprintln!("{}", servetune::tune::TuneError::Interrupted);
+                        Ok(130)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Command::Trials { study, state, json } => {
+                use servetune::tune::cli;
+                print_out(&cli::trials_cmd(&cli::state_dir(state), study.as_deref(), json)?)?;
+                Ok(0)
+            }
+            Command::Best { model, state, json } => {
+                use servetune::tune::cli;
+                print_out(&cli::best_cmd(&cli::state_dir(state), model.as_deref(), json)?)?;
+                Ok(0)
+            }
+            Command::SearchBench {
+                seeds,
+                budget,
+                optimum_samples,
+                only,
+                grid_cap,
+            } => {
+                let opts = servetune::tune::bench::BenchOptions {
+                    seeds,
+                    budget,
+                    optimum_samples,
+                    only,
+                    grid_cap,
+                };
+                let table = tokio::task::spawn_blocking(move || servetune::tune::bench::run(&opts))
+                    .await?
+                    .map_err(anyhow::Error::msg)?;
+                print_out(&table)?;
                 Ok(0)
             }
             Command::Demo(args) => {

@@ -209,3 +209,66 @@ async fn shipped_llamacpp_space_launches_the_real_engine_through_the_ladder() {
     assert!(!group_alive(pgid));
     assert!(store.engines().unwrap().is_empty());
 }
+
+/// The shipped study, shrunk to a smoke run (3 trials, few prompts, 2 rounds): it completes
+/// against the real engine, writes its verdict, and leaves no llama-server behind.
+#[test]
+fn the_shipped_llama_study_completes_a_smoke_run() {
+    if paths().is_none() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text =
+        std::fs::read_to_string(root.join("studies/llamacpp-smollm2-sharegpt.toml")).unwrap();
+    let mut smoke = text.clone();
+    for (from, to) in [
+        ("trials = 12", "trials = 3"),
+        ("min_trials = 8", "min_trials = 3"),
+        ("top = 2", "top = 1"),
+        ("repeats = 3", "repeats = 2"),
+        ("\"--num-prompts\", \"36\"", "\"--num-prompts\", \"8\""),
+        ("\"--num-prompts\", \"24\"", "\"--num-prompts\", \"6\""),
+        ("\"--num-prompts\", \"8\",\n        \"--sharegpt-output-len\", \"48\", \"--max-concurrency\", \"1\"", "\"--num-prompts\", \"3\",\n        \"--sharegpt-output-len\", \"48\", \"--max-concurrency\", \"1\""),
+        ("\"--sharegpt-output-len\", \"48\"", "\"--sharegpt-output-len\", \"16\""),
+    ] {
+        assert!(smoke.contains(from), "the shipped study no longer has {from:?}");
+        smoke = smoke.replace(from, to);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let studies = dir.path().join("studies");
+    std::fs::create_dir_all(&studies).unwrap();
+    let file = studies.join("smoke.toml");
+    std::fs::write(
+        &file,
+        smoke.replace(
+            "[study]\n",
+            &format!(
+                "[study]\nspace_dir = \"{}\"\n",
+                root.join("search-spaces").display()
+            ),
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_servetune"))
+        .args([
+            "tune",
+            file.to_str().unwrap(),
+            "--state",
+            dir.path().join("state").to_str().unwrap(),
+        ])
+        .env("SERVETUNE_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("trial 1/3 #0 [engine defaults (baseline)] ok"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("verdict: "), "{stdout}");
+    // Every engine the study started was torn down and verified gone (the launcher removes an
+    // engine's record only then).
+    let store = servetune::store::Store::open(&dir.path().join("state").join("db")).unwrap();
+    assert!(store.engines().unwrap().is_empty(), "engine records left");
+}

@@ -113,12 +113,55 @@ pub fn decode(space: &Space, coords: &[Coord]) -> Result<Config, String> {
     Ok(cfg)
 }
 
-/// A uniformly random coordinate for parameter `p`.
+/// A random coordinate for parameter `p`: uniform, except that a numeric one lands on a bound
+/// a quarter of the time. Engine knobs often do best at an end of their sensible range (the
+/// largest batch, the most memory), which a uniform draw almost never hits.
 pub fn random_coord(p: &Param, rng: &mut impl Rng) -> Coord {
     match arity(p) {
         Some(k) => Coord::Cat(rng.random_range(0..k)),
-        None => Coord::Num(rng.random_range(0.0..=1.0)),
+        None => {
+            let r: f64 = rng.random_range(0.0..1.0);
+            if r < 0.125 {
+                Coord::Num(0.0)
+            } else if r < 0.25 {
+                Coord::Num(1.0)
+            } else {
+                Coord::Num(rng.random_range(0.0..=1.0))
+            }
+        }
     }
+}
+
+/// A random configuration drawn with `random_coord` (valid: drawn again up to 100 times).
+pub fn random_config(space: &Space, rng: &mut impl Rng) -> Result<Config, String> {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let c: Vec<Coord> = space.params.iter().map(|p| random_coord(p, rng)).collect();
+        match decode(space, &c) {
+            Ok(cfg) => return Ok(cfg),
+            Err(e) => last = e,
+        }
+    }
+    Err(format!("no valid point in 100 draws; the last: {last}"))
+}
+
+/// Copies of `coords` with one numeric coordinate at a bound (both bounds, every one).
+pub fn edges(space: &Space, coords: &[Coord]) -> Vec<Vec<Coord>> {
+    let full = complete(space, coords);
+    let mut out = Vec::new();
+    for (i, p) in space.params.iter().enumerate() {
+        if arity(p).is_some() {
+            continue;
+        }
+        for b in [0.0, 1.0] {
+            if full[i] != Coord::Num(b) {
+                let mut c = full.clone();
+                c[i] = Coord::Num(b);
+                out.push(c);
+            }
+        }
+    }
+    out
 }
 
 /// Coordinates for every parameter, with defaults in place of `Off`, so that a move that

@@ -4,7 +4,7 @@
 //! statistics of the final comparison (`stats`), the optimiser benchmark (`bench`) and the
 //! `servetune tune|trials|best` commands (`cli`).
 
-// bench: next
+pub mod bench;
 pub mod cli;
 pub mod encode;
 pub mod eval;
@@ -57,16 +57,25 @@ pub enum TuneError {
     NoStudy(String),
 }
 
-/// Engine spaces of a study, gated to the installed versions: the space, each engine's
-/// version, and the flags dropped because the installed engine lacks them.
-pub async fn engine_space(
-    study: &Study,
-    telemetry: &Telemetry,
-) -> Result<(Space, BTreeMap<String, Option<String>>, Vec<String>), TuneError> {
+/// A study's engines as installed on this node.
+pub struct Engines {
+    /// The (joint) space, gated to the installed versions and restricted to `study.params`.
+    pub space: Space,
+    pub versions: BTreeMap<String, Option<String>>,
+    /// Flags of the space files the installed engines lack (`<engine>.<param>`).
+    pub dropped: Vec<String>,
+    /// The argv that replaces `{binary}` per engine: the study's, else the resolved path.
+    pub binaries: BTreeMap<String, Vec<String>>,
+}
+
+/// Engine spaces of a study, gated to the installed versions, with each engine's version and
+/// binary, and the flags dropped because the installed engine lacks them.
+pub async fn engine_space(study: &Study, telemetry: &Telemetry) -> Result<Engines, TuneError> {
     let fp = telemetry.fingerprint();
     let mut members = Vec::new();
     let mut versions = BTreeMap::new();
     let mut dropped = Vec::new();
+    let mut binaries = study.spec.binaries.clone();
     for e in study.spec.study.engines.split('+') {
         let mut sp = Space::load(&study.space_dir.join(format!("{e}.toml")))?;
         let mut vars = study.spec.vars.clone();
@@ -94,12 +103,15 @@ pub async fn engine_space(
         sp.set_vars(&vars)?;
         let binary = study.spec.binaries.get(e).map(|v| v.as_slice());
         let inst = inventory::probe(&sp, binary, Duration::from_secs(60)).await;
-        if inst.path.is_none() {
+        let Some(path) = &inst.path else {
             return Err(TuneError::Engine(format!(
                 "{e} is not installed: {}",
                 inst.note.unwrap_or_default()
             )));
-        }
+        };
+        binaries
+            .entry(e.to_owned())
+            .or_insert_with(|| vec![path.display().to_string()]);
         if inst.version.is_none() {
             tracing::warn!(
                 "{e}: version unknown ({})",
@@ -124,7 +136,41 @@ pub async fn engine_space(
     } else {
         Space::joint(members)?
     };
-    Ok((space, versions, dropped))
+    let space = restrict(space, study.spec.study.params.as_deref())?;
+    Ok(Engines {
+        space,
+        versions,
+        dropped,
+        binaries,
+    })
+}
+
+/// The space with only the named parameters searched (`study.params`).
+pub fn restrict(space: Space, only: Option<&[String]>) -> Result<Space, TuneError> {
+    let Some(only) = only else {
+        return Ok(space);
+    };
+    for name in only {
+        if !space.params.iter().any(|p| &p.name == name) {
+            return Err(TuneError::Spec(format!(
+                "study.params: unknown parameter {name:?} (known: {})",
+                space
+                    .params
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .filter(|n| *n != "engine")
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    let drop: Vec<String> = space
+        .params
+        .iter()
+        .filter(|p| p.name != "engine" && !only.contains(&p.name))
+        .map(|p| p.name.clone())
+        .collect();
+    Ok(space.without(&drop).0)
 }
 
 /// Everything a real study needs, assembled: reaps engines a killed servetune left behind,
@@ -144,7 +190,12 @@ pub async fn engine_runner(
             );
         }
     }
-    let (space, versions, dropped) = engine_space(&study, &telemetry).await?;
+    let Engines {
+        space,
+        versions,
+        dropped,
+        binaries,
+    } = engine_space(&study, &telemetry).await?;
     let hardware = telemetry.fingerprint().key();
     let mut launcher = Launcher::new(Some(store.clone()), telemetry);
     launcher.refuse_foreign_gpu_processes = study.spec.study.refuse_foreign_gpu_processes;
@@ -154,7 +205,7 @@ pub async fn engine_runner(
         study.model.clone(),
         study.workloads.clone(),
         study.limits.clone(),
-        study.spec.binaries.clone(),
+        binaries,
         versions.clone(),
     );
     let mut runner = Runner::new(store, study, space, eval, trial_root);

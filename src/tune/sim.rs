@@ -41,6 +41,7 @@ pub struct SimEvaluator {
     pub seed: u64,
     runs: u64,
     current: Option<(String, Settings, Option<u64>)>,
+    engine_defaults: BTreeMap<String, Config>,
 }
 
 impl SimEvaluator {
@@ -60,6 +61,7 @@ impl SimEvaluator {
             seed,
             runs: 0,
             current: None,
+            engine_defaults: BTreeMap::new(),
         }
     }
 
@@ -141,7 +143,18 @@ impl SimEvaluator {
             log_excerpt: String::new(),
         })?;
         let profile = space.engine.name.clone();
-        let mut full = space.defaults();
+        // Parameters a restricted space leaves out run at the engine's defaults.
+        let mut full = match self.engine_defaults.get(&profile) {
+            Some(d) => d.clone(),
+            None => {
+                let d = crate::mock::profile::space(&profile, &self.machine.version)
+                    .map(|s| s.defaults())
+                    .unwrap_or_default();
+                self.engine_defaults.insert(profile.clone(), d.clone());
+                d
+            }
+        };
+        full.extend(space.defaults());
         full.extend(ecfg.clone());
         let mml = self.max_model_len(space);
         match crate::mock::engines::settings(&profile, &full, mml, &self.machine) {

@@ -56,6 +56,10 @@ pub struct StudySection {
     /// directory, then in the working directory).
     #[serde(default)]
     pub space_dir: Option<PathBuf>,
+    /// Search only these parameters (`<engine>.<param>` in a choice of engines); the others
+    /// stay at the engine's defaults. Default: all of the space files'.
+    #[serde(default)]
+    pub params: Option<Vec<String>>,
     /// Refuse to launch on a GPU that other processes use.
     #[serde(default = "yes")]
     pub refuse_foreign_gpu_processes: bool,

@@ -14,7 +14,9 @@ use rand::Rng;
 
 use super::{ranked, rng_for, Obs, Optimizer, Proposal};
 use crate::space::Space;
-use crate::tune::encode::{arity, coord_distance, decode, encode, neighbour, Coord};
+use crate::tune::encode::{
+    arity, coord_distance, decode, edges, encode, neighbour, random_config, Coord,
+};
 use crate::tune::stats::{cdf, pdf};
 
 const STARTUP: usize = 6;
@@ -240,7 +242,7 @@ impl Optimizer for Gp {
         let feasible: Vec<&Obs> = history.iter().filter(|h| h.value.is_some()).collect();
         if history.len() < baselines + STARTUP || feasible.len() < 2 {
             return Ok(Proposal {
-                config: self.space.sample(&mut rng)?,
+                config: random_config(&self.space, &mut rng)?,
                 note: "gp: random start-up".into(),
                 expected_improvement: None,
             });
@@ -289,7 +291,7 @@ impl Optimizer for Gp {
         // Candidates: random points and neighbours of the best trials.
         let mut cands: Vec<Vec<Coord>> = Vec::new();
         for _ in 0..RANDOM_CANDIDATES {
-            if let Ok(c) = self.space.sample(&mut rng) {
+            if let Ok(c) = random_config(&self.space, &mut rng) {
                 cands.push(encode(&self.space, &c));
             }
         }
@@ -298,6 +300,11 @@ impl Optimizer for Gp {
                 continue;
             }
             let start = encode(&self.space, &history[t].config);
+            for e in edges(&self.space, &start) {
+                if let Ok(c) = decode(&self.space, &e) {
+                    cands.push(encode(&self.space, &c));
+                }
+            }
             for _ in 0..LOCAL_CANDIDATES {
                 let n = neighbour(&self.space, &start, rng.random_range(1..=2), 0.1, &mut rng);
                 if let Ok(c) = decode(&self.space, &n) {

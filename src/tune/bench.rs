@@ -1,0 +1,434 @@
+//! `servetune search-bench`: every optimiser on landscapes from the mock engine's performance
+//! model, in virtual time (no processes, no sockets), over many seeds.
+//!
+//! For each landscape the true optimum is the best noise-free value over the whole grid, a
+//! large random sample and every point any optimiser measured. An optimiser's result after t
+//! trials is the *true* value of the configuration it would recommend then (its best observed,
+//! which on a noisy landscape may be a lucky one). Reported per optimiser: trials to get within
+//! 2% of the optimum (median over seeds), the gap at 10, 20 and 40 trials (median), and on how
+//! many seeds it beat random search at equal budget.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use crate::bench::abort::LatencyLimit;
+use crate::mock::profile::Machine;
+use crate::mock::sim::{Hardware, ModelSpec};
+use crate::space::{Config, Space};
+
+use super::eval::RunSpec;
+use super::opt::{self, key, Kind, Obs};
+use super::sim::{SimEvaluator, SimWorkload};
+
+/// A landscape: a space, a machine, a workload, constraints and noise.
+pub struct Landscape {
+    pub name: String,
+    pub space: Space,
+    pub machine: Machine,
+    pub workload: SimWorkload,
+    pub limits: Vec<LatencyLimit>,
+    pub noise: f64,
+}
+
+fn restrict(space: Space, keep: &[&str]) -> Space {
+    let drop: Vec<String> = space
+        .params
+        .iter()
+        .filter(|p| !keep.contains(&p.name.as_str()))
+        .map(|p| p.name.clone())
+        .collect();
+    space.without(&drop).0
+}
+
+fn machine(profile: &str, hw: &str, model: &str) -> Result<Machine, String> {
+    Ok(Machine {
+        hw: Hardware::preset(hw, 16).ok_or(format!("no hardware preset {hw}"))?,
+        model: ModelSpec::preset(model).ok_or(format!("no model preset {model}"))?,
+        version: crate::mock::profile::default_version(profile).to_owned(),
+    })
+}
+
+/// The four shipped landscapes (3 to 10 parameters).
+pub fn landscapes() -> Result<Vec<Landscape>, String> {
+    let vllm = crate::mock::profile::space("vllm", crate::mock::profile::default_version("vllm"))?;
+    let sglang =
+        crate::mock::profile::space("sglang", crate::mock::profile::default_version("sglang"))?;
+    let chat = SimWorkload {
+        name: "random-1024-256".into(),
+        num_prompts: 600,
+        input_len: 1024,
+        output_len: 256,
+        prefix_len: 0,
+        request_rate: f64::INFINITY,
+        max_concurrency: None,
+    };
+    let three = restrict(
+        vllm.clone(),
+        &[
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "enable_chunked_prefill",
+        ],
+    );
+    let six = restrict(
+        vllm,
+        &[
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "gpu_memory_utilization",
+            "kv_cache_dtype",
+            "quantization",
+            "performance_mode",
+        ],
+    );
+    let ten = restrict(
+        sglang,
+        &[
+            "max_running_requests",
+            "chunked_prefill_size",
+            "mem_fraction_static",
+            "schedule_policy",
+            "schedule_conservativeness",
+            "disable_radix_cache",
+            "enable_mixed_chunk",
+            "num_continuous_decode_steps",
+            "cuda_graph_max_bs",
+            "kv_cache_dtype",
+        ],
+    );
+    Ok(vec![
+        Landscape {
+            name: "vllm 3p, H100 8B, TPOT SLO".into(),
+            space: three.clone(),
+            machine: machine("vllm", "h100", "8b")?,
+            workload: chat.clone(),
+            limits: vec![LatencyLimit::parse("tpot:mean:18")?],
+            noise: 0.0,
+        },
+        Landscape {
+            name: "vllm 3p, H100 8B, TPOT SLO, noise 5%".into(),
+            space: three,
+            machine: machine("vllm", "h100", "8b")?,
+            workload: chat.clone(),
+            limits: vec![LatencyLimit::parse("tpot:mean:18")?],
+            noise: 0.05,
+        },
+        Landscape {
+            name: "vllm 6p, A100 32B, OOM region + TPOT SLO".into(),
+            space: six,
+            machine: machine("vllm", "a100", "32b")?,
+            workload: chat.clone(),
+            limits: vec![LatencyLimit::parse("tpot:mean:30")?],
+            noise: 0.02,
+        },
+        Landscape {
+            name: "sglang 10p, H100 32B, prefix-shared".into(),
+            space: ten,
+            machine: machine("sglang", "h100", "32b")?,
+            workload: SimWorkload {
+                name: "random-prefix-2048".into(),
+                prefix_len: 1536,
+                input_len: 512,
+                ..chat
+            },
+            limits: vec![],
+            noise: 0.02,
+        },
+    ])
+}
+
+/// One landscape's evaluator and a cache of noise-free values.
+struct Oracle<'a> {
+    l: &'a Landscape,
+    noisy: SimEvaluator,
+    exact: SimEvaluator,
+    cache: HashMap<String, Option<f64>>,
+    pub evaluations: u64,
+}
+
+impl<'a> Oracle<'a> {
+    fn new(l: &'a Landscape, seed: u64) -> Self {
+        let mk = |noise: f64, seed: u64| {
+            let mut e = SimEvaluator::new(
+                l.space.clone(),
+                l.machine.clone(),
+                vec![l.workload.clone()],
+                noise,
+                seed,
+            );
+            e.limits = l.limits.clone();
+            e
+        };
+        Oracle {
+            l,
+            noisy: mk(l.noise, seed),
+            exact: mk(0.0, 0),
+            cache: HashMap::new(),
+            evaluations: 0,
+        }
+    }
+
+    fn eval(e: &mut SimEvaluator, l: &Landscape, cfg: &Config) -> Obs {
+        let spec = RunSpec {
+            workload: 0,
+            fraction: 1.0,
+            rate: None,
+        };
+        match e.start_now(cfg).and_then(|_| e.run_now(&spec)) {
+            Ok(m)
+                if std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some() && {
+                    eprintln!(
+                        "{cfg:?}: {:.0} tok/s tpot {:.1} ttft {:.0} {:?}",
+                        m.total_token_throughput,
+                        m.latencies_ms["tpot:mean"],
+                        m.latencies_ms["ttft:mean"],
+                        m.violation(0.99, &l.limits)
+                    );
+                    false
+                } =>
+            {
+                unreachable!()
+            }
+            Ok(m) => Obs {
+                config: cfg.clone(),
+                value: if m.violation(0.99, &l.limits).is_none() {
+                    Some(m.total_token_throughput)
+                } else {
+                    None
+                },
+                failed: false,
+            },
+            Err(e) => {
+                if std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some() {
+                    eprintln!("{cfg:?}: {e:?}");
+                }
+                Obs {
+                    config: cfg.clone(),
+                    value: None,
+                    failed: true,
+                }
+            }
+        }
+    }
+
+    fn observe(&mut self, cfg: &Config) -> Obs {
+        self.evaluations += 1;
+        if self.l.noise == 0.0 {
+            let v = self.truth(cfg);
+            return Obs {
+                config: cfg.clone(),
+                value: v,
+                failed: v.is_none() && self.failed(cfg),
+            };
+        }
+        Self::eval(&mut self.noisy, self.l, cfg)
+    }
+
+    fn failed(&mut self, cfg: &Config) -> bool {
+        Self::eval(&mut self.exact, self.l, cfg).failed
+    }
+
+    fn truth(&mut self, cfg: &Config) -> Option<f64> {
+        let k = key(cfg);
+        if let Some(v) = self.cache.get(&k) {
+            return *v;
+        }
+        let v = Self::eval(&mut self.exact, self.l, cfg).value;
+        self.cache.insert(k, v);
+        v
+    }
+}
+
+/// The true value, after each trial, of the configuration the optimiser would recommend.
+fn trajectory(
+    l: &Landscape,
+    kind: Kind,
+    seed: u64,
+    n: usize,
+    truths: &mut HashMap<String, Option<f64>>,
+) -> Vec<f64> {
+    let mut o = Oracle::new(l, seed);
+    std::mem::swap(&mut o.cache, truths);
+    let mut opt = opt::make(kind, &l.space, seed);
+    let mut hist: Vec<Obs> = Vec::new();
+    let mut out = Vec::new();
+    let mut best: Option<(f64, Config)> = None;
+    for _ in 0..n {
+        let Ok(p) = opt.propose(&hist) else { break };
+        let obs = o.observe(&p.config);
+        if let Some(v) = obs.value {
+            if best.as_ref().is_none_or(|(b, _)| v > *b) {
+                best = Some((v, p.config.clone()));
+            }
+        }
+        hist.push(obs);
+        let t = best.as_ref().and_then(|(_, c)| o.truth(c)).unwrap_or(0.0);
+        out.push(t);
+    }
+    std::mem::swap(&mut o.cache, truths);
+    out
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+pub struct BenchOptions {
+    pub seeds: u64,
+    pub budget: usize,
+    /// Random points (besides the grid) in the search for the true optimum.
+    pub optimum_samples: usize,
+    /// Only landscapes whose name contains this.
+    pub only: Option<String>,
+    /// The most trials a grid gets.
+    pub grid_cap: usize,
+}
+
+/// Runs the benchmark and returns the table (Markdown).
+pub fn run(opts: &BenchOptions) -> Result<String, String> {
+    let mut out = String::new();
+    let checkpoints = [10usize, 20, 40];
+    for l in landscapes()? {
+        if opts
+            .only
+            .as_ref()
+            .is_some_and(|o| !l.name.contains(o.as_str()))
+        {
+            continue;
+        }
+        let t0 = std::time::Instant::now();
+        let grid = opt::baseline::Grid::new(l.space.clone(), 0);
+        // The grid runs to its end, or to `grid_cap` trials on a large one.
+        let grid_budget = (grid.len() + l.space.baselines().len()).min(opts.grid_cap);
+        let mut truths: HashMap<String, Option<f64>> = HashMap::new();
+        let mut trajectories: Vec<(Kind, Vec<Vec<f64>>)> = Vec::new();
+        for kind in Kind::ALL {
+            let n = if kind == Kind::Grid {
+                grid_budget
+            } else {
+                opts.budget
+            };
+            let runs: Vec<Vec<f64>> = (0..opts.seeds)
+                .map(|s| trajectory(&l, kind, s, n, &mut truths))
+                .collect();
+            trajectories.push((kind, runs));
+        }
+        // The optimum: every point measured so far (grid included) and a random sample.
+        let mut o = Oracle::new(&l, 0);
+        std::mem::swap(&mut o.cache, &mut truths);
+        let mut rng = opt::rng_for(0x0971, 0);
+        for _ in 0..opts.optimum_samples {
+            if let Ok(c) = l.space.sample(&mut rng) {
+                o.truth(&c);
+            }
+        }
+        let optimum = o
+            .cache
+            .values()
+            .filter_map(|v| *v)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let points = o.cache.len();
+        let at = o
+            .cache
+            .iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(k, _)| k.clone())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "\n### {} ({} parameters; optimum {:.0} tok/s over {} distinct configurations; grid {} points)\n",
+            l.name,
+            l.space.params.len(),
+            optimum,
+            points,
+            grid.len()
+        );
+        let _ = writeln!(out, "Optimum at `{at}`.\n");
+        let _ = writeln!(
+            out,
+            "| optimiser | trials to 2% (median) | gap @10 | gap @20 | gap @40 | beats random @20 | beats random @40 |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+        let random = trajectories
+            .iter()
+            .find(|(k, _)| *k == Kind::Random)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_default();
+        for (kind, runs) in &trajectories {
+            let within: Vec<f64> = runs
+                .iter()
+                .map(|r| {
+                    r.iter()
+                        .position(|v| *v >= 0.98 * optimum)
+                        .map(|i| (i + 1) as f64)
+                        .unwrap_or(f64::INFINITY)
+                })
+                .collect();
+            let med = median(within);
+            let gap = |t: usize| {
+                median(
+                    runs.iter()
+                        .map(|r| {
+                            let v = r.get(t - 1).or(r.last()).copied().unwrap_or(0.0);
+                            100.0 * (1.0 - v / optimum)
+                        })
+                        .collect(),
+                )
+            };
+            let beats = |t: usize| {
+                let wins = runs
+                    .iter()
+                    .zip(&random)
+                    .filter(|(a, b)| {
+                        let x = a.get(t - 1).or(a.last()).copied().unwrap_or(0.0);
+                        let y = b.get(t - 1).or(b.last()).copied().unwrap_or(0.0);
+                        x > y * 1.000_001
+                    })
+                    .count();
+                format!("{wins}/{}", runs.len())
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {} | {} |",
+                kind.name(),
+                if med.is_finite() {
+                    format!("{med:.0}")
+                } else {
+                    format!("> {}", runs.first().map(|r| r.len()).unwrap_or(0))
+                },
+                gap(checkpoints[0]),
+                gap(checkpoints[1]),
+                gap(checkpoints[2]),
+                if *kind == Kind::Random {
+                    "-".into()
+                } else {
+                    beats(20)
+                },
+                if *kind == Kind::Random {
+                    "-".into()
+                } else {
+                    beats(40)
+                },
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n({} seeds, budget {} trials, grid run to its end or {} trials; {:.1} s)",
+            opts.seeds,
+            opts.budget,
+            opts.grid_cap,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,572 @@
+//! Tuning studies end to end.
+//! - In process, in virtual time (`SimEvaluator`): the study finds the known optimum of a
+//!   landscape under a TPOT SLO, never recommends an infeasible point, records failures with
+//!   their class, and is deterministic for a seed.
+//! - As subprocesses against the mock engine imitating vLLM: a whole `servetune tune` run, and
+//!   the same study SIGKILLed mid-trial several times, then resumed: the engine left behind is
+//!   killed, the interrupted trial runs again, no finished trial is lost.
+//! - Bad study files: errors name the field.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use servetune::mock::profile::{default_version, Machine};
+use servetune::mock::sim::{Hardware, ModelSpec};
+use servetune::space::{Config, Space, Value};
+use servetune::store::Store;
+use servetune::tune::opt::Kind;
+use servetune::tune::sim::{SimEvaluator, SimWorkload};
+use servetune::tune::spec::Study;
+use servetune::tune::study::{self, Phase, Runner, StudyRecord, TrialKind, TrialStatus};
+use servetune::tune::TuneError;
+
+const BIN: &str = env!("CARGO_BIN_EXE_servetune");
+
+fn spaces_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces")
+}
+
+fn study_text(name: &str, optimizer: &str, extra: &str) -> String {
+    study_text_with(
+        name,
+        optimizer,
+        extra,
+        "tpot:mean:18",
+        "\"max_num_seqs\", \"max_num_batched_tokens\", \"enable_chunked_prefill\", \"quantization\"",
+    )
+}
+
+fn study_text_with(name: &str, optimizer: &str, extra: &str, slo: &str, params: &str) -> String {
+    format!(
+        r#"
+[study]
+name = "{name}"
+model = "mock-8b"
+engines = "vllm"
+optimizer = "{optimizer}"
+seed = 3
+space_dir = "{spaces}"
+params = [{params}]
+
+[constraints]
+min_success_rate = 0.99
+slo = ["{slo}"]
+
+[budget]
+trials = 24
+
+[stopping]
+patience = 100
+min_trials = 100
+
+[remeasure]
+top = 2
+repeats = 3
+
+{extra}
+
+[[workload]]
+name = "random"
+args = ["--dataset-name", "random", "--num-prompts", "20", "--tokenizer", "words"]
+"#,
+        spaces = spaces_dir().display()
+    )
+}
+
+fn sim_runner(store: &Store, name: &str, optimizer: &str, hw: &str) -> Runner<SimEvaluator> {
+    sim_runner_with(store, study_text(name, optimizer, ""), hw, "8b")
+}
+
+fn sim_runner_with(store: &Store, text: String, hw: &str, model: &str) -> Runner<SimEvaluator> {
+    let study = Study::parse(&text, Path::new("sim.toml")).unwrap();
+    let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
+    let space = servetune::tune::restrict(space, study.spec.study.params.as_deref()).unwrap();
+    let machine = Machine {
+        hw: Hardware::preset(hw, 16).unwrap(),
+        model: ModelSpec::preset(model).unwrap(),
+        version: default_version("vllm").to_owned(),
+    };
+    let mut eval = SimEvaluator::new(
+        space.clone(),
+        machine,
+        vec![SimWorkload {
+            name: "random".into(),
+            num_prompts: 400,
+            input_len: 1024,
+            output_len: 256,
+            prefix_len: 0,
+            request_rate: f64::INFINITY,
+            max_concurrency: None,
+        }],
+        0.02,
+        7,
+    );
+    eval.limits = study.limits.clone();
+    let dir = tempfile::tempdir().unwrap().keep();
+    Runner::new(store.clone(), study, space, eval, dir)
+}
+
+fn int(c: &Config, k: &str) -> i64 {
+    match c.get(k) {
+        Some(Value::Int(v)) => *v,
+        other => panic!("{k}: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_simulated_study_beats_the_defaults_within_the_slo_and_records_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // A 32B model on an A100: without fp8 weights a low memory utilisation runs out of
+    // memory at start-up, and only fp8 weights reach TPOT ≤ 30 ms.
+    let text = study_text_with(
+        "sim-a100",
+        "tpe",
+        "",
+        "tpot:mean:30",
+        "\"max_num_seqs\", \"max_num_batched_tokens\", \"gpu_memory_utilization\", \"quantization\"",
+    );
+    let mut r = sim_runner_with(&store, text, "a100", "32b");
+    let rec = r.run().await.unwrap();
+    assert_eq!(rec.phase, Phase::Done);
+    let ts = study::trials(&store, "sim-a100").unwrap();
+    let search: Vec<_> = ts.iter().filter(|t| t.kind == TrialKind::Search).collect();
+    assert_eq!(search.len(), 24);
+    // Trial 0 is the engine's defaults.
+    assert_eq!(search[0].config, r.space.defaults());
+    // The defaults (bf16 weights) miss TPOT ≤ 30 ms on this load: infeasible, with why.
+    assert_eq!(search[0].status, TrialStatus::Infeasible, "{:?}", search[0]);
+    assert!(search[0].early_stop.as_deref().unwrap().contains("tpot"));
+    // Failures carry their class and the engine's own message.
+    let failed: Vec<_> = search
+        .iter()
+        .filter(|t| t.status == TrialStatus::Failed)
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "the out-of-memory region was never tried"
+    );
+    for f in &failed {
+        let fl = f.failure.as_ref().unwrap();
+        assert!(
+            ["unsupported", "oom"].contains(&fl.class.as_str()),
+            "{fl:?}"
+        );
+        assert!(!fl.log_excerpt.is_empty());
+    }
+    // Every trial that counts met the SLO.
+    for t in search.iter().filter(|t| t.objective.is_some()) {
+        let m = t.full.as_ref().unwrap();
+        assert!(m.latencies_ms["tpot:mean"] <= 30.0, "{:?}", m.latencies_ms);
+    }
+    // The optimiser learnt to avoid the crash: fewer failures in the second half.
+    let first = search[..12]
+        .iter()
+        .filter(|t| t.status == TrialStatus::Failed)
+        .count();
+    let second = search[12..]
+        .iter()
+        .filter(|t| t.status == TrialStatus::Failed)
+        .count();
+    assert!(second <= first, "failures: {first} then {second}");
+    let o = rec.outcome.unwrap();
+    assert!(o.saved_s > 0.0, "screening saved nothing: {o:?}");
+    // The defaults are infeasible, so there is no baseline to beat with an interval; the
+    // verdict says so rather than recommending blindly.
+    assert!(!o.verdict.is_empty());
+    assert!(rec.best_objective.unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn a_simulated_study_finds_the_known_optimum() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let mut r = sim_runner(&store, "sim-h100", "gp", "h100");
+    let rec = r.run().await.unwrap();
+    // The true optimum of this landscape by exhaustive search over max_num_seqs (the knob
+    // that trades TPOT for throughput), with the rest at their best.
+    let mut best = 0.0f64;
+    let mut e = SimEvaluator::new(
+        r.space.clone(),
+        r.eval.machine.clone(),
+        r.eval.workloads.clone(),
+        0.0,
+        7,
+    );
+    e.limits = r.study.limits.clone();
+    let spec = servetune::tune::eval::RunSpec {
+        workload: 0,
+        fraction: 1.0,
+        rate: None,
+    };
+    for seqs in (8..=2048).step_by(8) {
+        for mbt in [8192i64, 16384, 32768] {
+            let mut c = r.space.defaults();
+            c.insert("max_num_seqs".into(), Value::Int(seqs));
+            c.insert("max_num_batched_tokens".into(), Value::Int(mbt));
+            if e.start_now(&c).is_err() {
+                continue;
+            }
+            let m = e.run_now(&spec).unwrap();
+            if m.violation(0.99, &r.study.limits).is_none() {
+                best = best.max(m.total_token_throughput);
+            }
+        }
+    }
+    let found = rec.best_objective.unwrap();
+    assert!(found >= 0.95 * best, "found {found:.0}, optimum {best:.0}");
+    let bt = study::trials(&store, "sim-h100").unwrap();
+    let b = bt.iter().find(|t| Some(t.seq) == rec.best_trial).unwrap();
+    assert!(int(&b.config, "max_num_seqs") < 1024, "{:?}", b.config);
+}
+
+#[tokio::test]
+async fn the_same_seed_gives_the_same_study() {
+    let configs = |name: &'static str| async move {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut r = sim_runner(&store, name, "tpe", "h100");
+        r.study.spec.budget.trials = 12;
+        r.run().await.unwrap();
+        study::trials(&store, name)
+            .unwrap()
+            .into_iter()
+            .filter(|t| t.kind == TrialKind::Search)
+            .map(|t| t.config)
+            .collect::<Vec<_>>()
+    };
+    let a = configs("det").await;
+    let b = configs("det").await;
+    assert_eq!(a.len(), 12);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn every_optimiser_name_parses_in_a_study() {
+    for k in Kind::ALL {
+        let text = study_text("names", k.name(), "");
+        let s = Study::parse(&text, Path::new("x.toml")).unwrap();
+        assert_eq!(s.spec.study.optimizer, k);
+    }
+}
+
+#[test]
+fn bad_study_files_name_the_field() {
+    let cases: Vec<(String, &str)> = vec![
+        (study_text("x", "tpe", "[budget2]\ntrials = 3"), "budget2"),
+        (study_text("x", "simplex", ""), "optimizer"),
+        (
+            study_text("x", "tpe", "").replace("tpot:mean:18", "tpot:avg:18"),
+            "constraints.slo[0]",
+        ),
+        (
+            study_text("x", "tpe", "").replace("min_success_rate = 0.99", "min_success_rate = 1.5"),
+            "constraints.min_success_rate",
+        ),
+        (
+            study_text("x", "tpe", "").replace("engines = \"vllm\"", "engines = \"vllmx\""),
+            "study.engines",
+        ),
+        (
+            study_text("x", "tpe", "")
+                .replace("\"--num-prompts\", \"20\"", "\"--num-prompts\", \"many\""),
+            "workload[0] (random).args",
+        ),
+        (
+            study_text("x", "tpe", "").replace("\"--num-prompts\", \"20\"", "\"--port\", \"9\""),
+            "--port is set by the study",
+        ),
+        (
+            study_text("x", "tpe", "").replace("repeats = 3", "repeats = 1"),
+            "remeasure.repeats",
+        ),
+        (
+            study_text("x", "tpe", "[screening]\nfraction = 0"),
+            "screening.fraction",
+        ),
+        (study_text("x y", "tpe", ""), "study.name"),
+        (
+            study_text("x", "tpe", "").replace("[[workload]]", "[[workloadz]]"),
+            "workload",
+        ),
+        (
+            study_text("x", "tpe", "[binaries]\nsglang = [\"x\"]"),
+            "binaries.sglang",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = Study::parse(&text, Path::new("bad.toml")).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains(want), "expected {want:?} in: {msg}");
+    }
+    // Unknown parameters are caught when the space is known.
+    let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
+    let err = servetune::tune::restrict(space, Some(&["max_num_seqz".to_string()])).unwrap_err();
+    assert!(
+        matches!(err, TuneError::Spec(ref m) if m.contains("study.params") && m.contains("max_num_seqz")),
+        "{err}"
+    );
+}
+
+// ---- subprocess studies against the mock engine ----
+
+fn mock_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
+    let text = format!(
+        r#"
+[study]
+name = "{name}"
+model = "mock-8b-{name}"
+engines = "vllm"
+optimizer = "tpe"
+seed = 1
+space_dir = "{spaces}"
+params = ["max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"]
+
+[binaries]
+vllm = ["{bin}", "mock-engine", "--profile", "vllm", "--mock-hardware", "h100", "--mock-model", "8b", "--mock-startup-s", "0.3", "--"]
+
+[constraints]
+min_success_rate = 0.99
+slo = ["tpot:mean:200"]
+
+[budget]
+trials = {trials}
+
+[stopping]
+patience = 100
+min_trials = 100
+
+[screening]
+fraction = 0.5
+
+[remeasure]
+top = 1
+repeats = 2
+
+[[workload]]
+name = "short"
+args = ["--dataset-name", "random", "--random-input-len", "256", "--random-output-len", "24", "--num-prompts", "24", "--max-concurrency", "8", "--tokenizer", "words"]
+
+[[workload]]
+name = "long-out"
+args = ["--dataset-name", "random", "--random-input-len", "64", "--random-output-len", "48", "--num-prompts", "12", "--max-concurrency", "4", "--tokenizer", "words"]
+"#,
+        spaces = spaces_dir().display(),
+        bin = BIN
+    );
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// No live (non-zombie) mock engine whose command line has `marker`.
+fn assert_no_engine_with(marker: &str) {
+    let mut left = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let p = e.path();
+        let Ok(cmd) = std::fs::read(p.join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(p.join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if !zombie && cmd.contains("mock-engine") && cmd.contains(marker) {
+            left.push(cmd);
+        }
+    }
+    assert!(left.is_empty(), "engines left running: {left:?}");
+}
+
+fn tune_cmd(study: &Path, state: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "tune",
+        study.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ])
+    .env("SERVETUNE_LOG", "warn")
+    .stdin(Stdio::null());
+    c
+}
+
+#[test]
+fn servetune_tune_runs_a_study_against_the_mock_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let study = mock_study(dir.path(), "mock-e2e", 5);
+    let state = dir.path().join("state");
+    let out = tune_cmd(&study, &state).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("trial 1/5 #0 [engine defaults (baseline)]"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("verdict:"), "{stdout}");
+    // The views of the store.
+    let trials = Command::new(BIN)
+        .args([
+            "trials",
+            "mock-e2e",
+            "--json",
+            "--state",
+            state.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(trials.status.success());
+    let ts: Vec<serde_json::Value> = serde_json::from_slice(&trials.stdout).unwrap();
+    let search = ts.iter().filter(|t| t["kind"] == "search").count();
+    assert_eq!(search, 5);
+    assert!(ts.iter().all(|t| t["status"] != "running"));
+    assert!(
+        ts.iter().any(|t| t["kind"] == "remeasure"),
+        "no re-measurement: {ts:?}"
+    );
+    for t in ts.iter().filter(|t| t["status"] == "ok") {
+        assert!(t["command"].as_str().unwrap().contains("mock-engine"));
+    }
+    let best = Command::new(BIN)
+        .args(["best", "--json", "--state", state.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let b: Vec<serde_json::Value> = serde_json::from_slice(&best.stdout).unwrap();
+    assert_eq!(b.len(), 1, "{b:?}");
+    assert_eq!(b[0]["model"], "mock-8b-mock-e2e");
+    assert_eq!(b[0]["workload"], "short");
+    assert_no_engine_with("mock-8b-mock-e2e");
+}
+
+/// Whether trial `seq`'s engine has started (its log exists and says so).
+fn trial_started(state: &Path, study: &str, seq: u32) -> bool {
+    let log = state
+        .join("trials")
+        .join(study)
+        .join(format!("trial-{seq:04}"))
+        .join("engine.log");
+    std::fs::read_to_string(log).is_ok_and(|s| !s.is_empty())
+}
+
+fn finished(state: &Path, study: &str) -> Vec<study::TrialRecord> {
+    let store = Store::open(&state.join("db")).unwrap();
+    study::trials(&store, study)
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.status != TrialStatus::Running)
+        .collect()
+}
+
+#[test]
+fn a_study_killed_mid_trial_resumes_without_losing_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "mock-kill";
+    let study = mock_study(dir.path(), name, 6);
+    let state = dir.path().join("state");
+    let mut kept: Vec<study::TrialRecord> = Vec::new();
+    // Kill it while trials 1, 3 and 5 run.
+    for seq in [1u32, 3, 5] {
+        let mut child = tune_cmd(&study, &state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t0 = Instant::now();
+        while !trial_started(&state, name, seq) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "trial {seq} never started"
+            );
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("servetune exited early: {st}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let now = finished(&state, name);
+        // Nothing finished before is lost or changed.
+        for k in &kept {
+            assert!(
+                now.contains(k),
+                "trial {} changed or vanished after a kill",
+                k.seq
+            );
+        }
+        kept = now;
+        // The engine of the killed run may still be alive: the next run must reap it.
+    }
+    let out = tune_cmd(&study, &state).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("was interrupted; running it again"),
+        "{stderr}"
+    );
+    let store = Store::open(&state.join("db")).unwrap();
+    let rec: StudyRecord = store.get(study::STUDIES, name).unwrap().unwrap();
+    assert_eq!(rec.phase, Phase::Done);
+    let ts = study::trials(&store, name).unwrap();
+    let seqs: Vec<u32> = ts.iter().map(|t| t.seq).collect();
+    assert_eq!(
+        seqs,
+        (0..ts.len() as u32).collect::<Vec<_>>(),
+        "gaps in the trial sequence"
+    );
+    assert_eq!(ts.iter().filter(|t| t.kind == TrialKind::Search).count(), 6);
+    assert!(ts.iter().all(|t| t.status != TrialStatus::Running));
+    for k in &kept {
+        assert!(ts.contains(k), "trial {} lost", k.seq);
+    }
+    assert!(ts.iter().any(|t| t.attempts > 1), "no trial was run again");
+    drop(store);
+    assert_no_engine_with("mock-8b-mock-kill");
+}
+
+#[test]
+fn a_conflicting_study_of_the_same_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let store = Store::open(&state.join("db")).unwrap();
+    let text = study_text("same", "tpe", "");
+    let s = Study::parse(&text, Path::new("a.toml")).unwrap();
+    store
+        .put(
+            study::STUDIES,
+            "same",
+            &StudyRecord {
+                id: "same".into(),
+                spec_text: "something else".into(),
+                created: 0.0,
+                updated: 0.0,
+                phase: Phase::Search,
+                stop_reason: None,
+                trigger: "manual".into(),
+                hardware: String::new(),
+                engine_versions: Default::default(),
+                dropped_flags: vec![],
+                best_trial: None,
+                best_objective: None,
+                outcome: None,
+            },
+        )
+        .unwrap();
+    let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
+    let machine = Machine {
+        hw: Hardware::preset("h100", 16).unwrap(),
+        model: ModelSpec::preset("8b").unwrap(),
+        version: default_version("vllm").to_owned(),
+    };
+    let eval = SimEvaluator::new(space.clone(), machine, vec![], 0.0, 0);
+    let mut r = Runner::new(store, s, space, eval, dir.path().to_path_buf());
+    let err = r.open().unwrap_err();
+    assert!(err.to_string().contains("--restart"), "{err}");
+}
