@@ -7,6 +7,7 @@ pub mod bench;
 pub mod demo;
 pub mod engine;
 pub mod mock;
+pub mod report;
 pub mod setup;
 pub mod signals;
 pub mod space;

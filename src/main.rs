@@ -80,6 +80,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The report of a study (conclusion, environment, options, failures, charts).
+    Report {
+        study: String,
+        /// md, json or html.
+        #[arg(long, default_value = "md")]
+        format: String,
+        /// Write here (Markdown charts become SVG files beside it) instead of stdout.
+        #[arg(short, long)]
+        output: Option<std::path::PathBuf>,
+        #[arg(long)]
+        state: Option<std::path::PathBuf>,
+    },
     /// Benchmark the optimisers on the mock engine's landscapes (prints a table).
     SearchBench {
         #[arg(long, default_value_t = 20)]
@@ -269,6 +281,22 @@ fn main() -> ExitCode {
             Command::Best { model, state, json } => {
                 use servetune::tune::cli;
                 print_out(&cli::best_cmd(&cli::state_dir(state), model.as_deref(), json)?)?;
+                Ok(0)
+            }
+            Command::Report {
+                study,
+                format,
+                output,
+                state,
+            } => {
+                use servetune::tune::cli;
+                let store = cli::open_store(&cli::state_dir(state))?;
+                let text = servetune::report::render(&store, &study, &format, output.as_deref())?;
+                if output.is_some() {
+                    eprint!("{text}");
+                } else {
+                    print_out(&text)?;
+                }
                 Ok(0)
             }
             Command::SearchBench {

@@ -570,3 +570,106 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
     let err = r.open().unwrap_err();
     assert!(err.to_string().contains("--restart"), "{err}");
 }
+
+#[tokio::test]
+async fn a_max_rate_study_finds_the_highest_rate_within_the_slo() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let text = study_text_with(
+        "sim-rate",
+        "tpe",
+        "[objective]\nmetric = \"max_rate\"\nrate_min = 0.5\nrate_max = 64\nrate_steps = 6",
+        "ttft:p99:2000",
+        "\"max_num_seqs\", \"max_num_batched_tokens\"",
+    );
+    let mut r = sim_runner_with(&store, text, "h100", "8b");
+    r.study.spec.budget.trials = 8;
+    let rec = r.run().await.unwrap();
+    let ts = study::trials(&store, "sim-rate").unwrap();
+    let ok: Vec<_> = ts
+        .iter()
+        .filter(|t| t.kind == TrialKind::Search && t.objective.is_some())
+        .collect();
+    assert!(!ok.is_empty());
+    for t in ok {
+        let m = t.full.as_ref().unwrap();
+        let rate = t.objective.unwrap();
+        // The objective is the rate the run was made at, and it met the SLO there.
+        assert_eq!(m.request_rate, Some(rate));
+        assert!((0.5..=64.0).contains(&rate));
+        assert!(m.latencies_ms["ttft:p99"] <= 2000.0, "{:?}", m.latencies_ms);
+    }
+    assert!(rec.outcome.unwrap().metric.contains("request rate"));
+}
+
+/// The report of a simulated study, compared with the snapshot in `tests/snapshots/` (set
+/// UPDATE_SNAPSHOTS=1 to rewrite it after an intended change). The virtual-time evaluator makes
+/// every figure deterministic; wall-clock times do not appear in the report.
+#[tokio::test]
+async fn the_report_of_a_study_matches_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let text = study_text_with(
+        "sim-report",
+        "tpe",
+        "",
+        "tpot:mean:30",
+        "\"max_num_seqs\", \"max_num_batched_tokens\", \"gpu_memory_utilization\", \"quantization\"",
+    ) + "\n[[workload]]\nname = \"second\"\nargs = [\"--dataset-name\", \"random\", \"--num-prompts\", \"10\", \"--tokenizer\", \"words\"]\n";
+    let mut r = sim_runner_with(&store, text, "a100", "32b");
+    r.eval.workloads.push(SimWorkload {
+        name: "second".into(),
+        num_prompts: 100,
+        input_len: 256,
+        output_len: 128,
+        prefix_len: 0,
+        request_rate: f64::INFINITY,
+        max_concurrency: Some(32),
+    });
+    r.study.spec.budget.trials = 14;
+    r.run().await.unwrap();
+    let md = servetune::report::render(&store, "sim-report", "md", None).unwrap();
+    // The shape: conclusion first, then the sections of the seeds' reports.
+    let order = [
+        "## Conclusion",
+        "## Environment",
+        "## Engine selection",
+        "## Options explored",
+        "## Trials",
+        "## Failures",
+    ];
+    let pos: Vec<usize> = order
+        .iter()
+        .map(|h| md.find(h).unwrap_or_else(|| panic!("{h} missing")))
+        .collect();
+    assert!(pos.windows(2).all(|w| w[0] < w[1]), "sections out of order");
+    let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/report-sim.md");
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::create_dir_all(snap.parent().unwrap()).unwrap();
+        std::fs::write(&snap, &md).unwrap();
+    }
+    let want =
+        std::fs::read_to_string(&snap).expect("snapshot missing: run with UPDATE_SNAPSHOTS=1");
+    assert_eq!(
+        md, want,
+        "the report changed; check it and run with UPDATE_SNAPSHOTS=1"
+    );
+    // JSON carries the same data and the charts; HTML embeds them.
+    let json: serde_json::Value = serde_json::from_str(
+        &servetune::report::render(&store, "sim-report", "json", None).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(json["study"]["id"], "sim-report");
+    assert!(json["charts"]["best-so-far"]
+        .as_str()
+        .unwrap()
+        .starts_with("<svg"));
+    assert!(json["charts"]["throughput-vs-tpot"]
+        .as_str()
+        .unwrap()
+        .contains("<circle"));
+    let html = servetune::report::render(&store, "sim-report", "html", None).unwrap();
+    assert!(html.starts_with("<!doctype html>") && html.matches("<svg").count() >= 3);
+    assert!(servetune::report::render(&store, "sim-report", "pdf", None).is_err());
+    assert!(servetune::report::render(&store, "nope", "md", None).is_err());
+}

@@ -197,6 +197,7 @@ impl<'a> Oracle<'a> {
                     None
                 },
                 failed: false,
+                measured: Some(m.total_token_throughput),
             },
             Err(e) => {
                 if std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some() {
@@ -206,6 +207,7 @@ impl<'a> Oracle<'a> {
                     config: cfg.clone(),
                     value: None,
                     failed: true,
+                    measured: None,
                 }
             }
         }
@@ -213,19 +215,12 @@ impl<'a> Oracle<'a> {
 
     fn observe(&mut self, cfg: &Config) -> Obs {
         self.evaluations += 1;
-        if self.l.noise == 0.0 {
-            let v = self.truth(cfg);
-            return Obs {
-                config: cfg.clone(),
-                value: v,
-                failed: v.is_none() && self.failed(cfg),
-            };
-        }
-        Self::eval(&mut self.noisy, self.l, cfg)
-    }
-
-    fn failed(&mut self, cfg: &Config) -> bool {
-        Self::eval(&mut self.exact, self.l, cfg).failed
+        let e = if self.l.noise == 0.0 {
+            &mut self.exact
+        } else {
+            &mut self.noisy
+        };
+        Self::eval(e, self.l, cfg)
     }
 
     fn truth(&mut self, cfg: &Config) -> Option<f64> {

@@ -196,6 +196,11 @@ pub async fn engine_runner(
         dropped,
         binaries,
     } = engine_space(&study, &telemetry).await?;
+    if study.spec.objective.metric == spec::Metric::TokensPerJoule && !telemetry.enabled() {
+        return Err(TuneError::Spec(
+            "objective.metric: tokens_per_joule needs GPU energy readings (NVML), and this node has none".into(),
+        ));
+    }
     let hardware = telemetry.fingerprint().key();
     let mut launcher = Launcher::new(Some(store.clone()), telemetry);
     launcher.refuse_foreign_gpu_processes = study.spec.study.refuse_foreign_gpu_processes;

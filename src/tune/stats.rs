@@ -89,25 +89,52 @@ pub fn mean_sd(xs: &[f64]) -> (f64, f64, usize) {
     (m, sd, n)
 }
 
+/// JSON has no NaN or infinity: such a value is stored as `null` and read back as NaN (an
+/// unknown interval bound), so that a record holding one can always be read again.
+pub mod nullable {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else {
+            s.serialize_none()
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+}
+
 /// A difference of means `a - b` with its 95% confidence interval, also as a percentage of `b`.
+/// A bound that is unknown (one run on a side) reads as NaN after a round trip.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Diff {
+    #[serde(with = "nullable")]
     pub mean_a: f64,
+    #[serde(with = "nullable")]
     pub mean_b: f64,
+    #[serde(with = "nullable")]
     pub diff: f64,
+    #[serde(with = "nullable")]
     pub low: f64,
+    #[serde(with = "nullable")]
     pub high: f64,
+    #[serde(with = "nullable")]
     pub pct: f64,
+    #[serde(with = "nullable")]
     pub pct_low: f64,
+    #[serde(with = "nullable")]
     pub pct_high: f64,
     pub n_a: usize,
     pub n_b: usize,
 }
 
 impl Diff {
-    /// Whether the interval lies entirely above zero.
+    /// Whether the interval lies entirely above zero (an unknown bound is not).
     pub fn significant_gain(&self) -> bool {
-        self.low > 0.0
+        self.low > 0.0 && self.low.is_finite()
     }
     /// Whether the interval lies entirely below zero.
     pub fn significant_loss(&self) -> bool {
@@ -182,6 +209,10 @@ mod tests {
         assert!(!d.significant_gain(), "{d:?}");
         let far = welch(&[20.0, 21.0, 20.5], &b);
         assert!(far.significant_gain() && far.pct > 90.0);
-        assert!(welch(&[1.0], &b).low.is_infinite());
+        let one = welch(&[1.0], &b);
+        assert!(one.low.is_infinite() && !one.significant_gain());
+        // A stored interval with unknown bounds reads back (as NaN), instead of failing.
+        let back: Diff = serde_json::from_str(&serde_json::to_string(&one).unwrap()).unwrap();
+        assert!(back.low.is_nan() && back.mean_b == one.mean_b);
     }
 }

@@ -311,6 +311,11 @@ impl<E: Evaluator> Runner<E> {
         note: String,
         ei: Option<f64>,
     ) -> TrialRecord {
+        let engine = self
+            .space
+            .split(&config)
+            .ok()
+            .map(|(s, _)| s.engine.name.clone());
         TrialRecord {
             study: self.id(),
             seq,
@@ -319,7 +324,7 @@ impl<E: Evaluator> Runner<E> {
             note,
             expected_improvement: ei,
             status: TrialStatus::Running,
-            engine: None,
+            engine,
             command: None,
             engine_version: None,
             hardware: self.hardware.clone(),
@@ -348,6 +353,7 @@ impl<E: Evaluator> Runner<E> {
                 None
             },
             failed: t.status == TrialStatus::Failed,
+            measured: t.screen_objective,
         }
     }
 
@@ -447,10 +453,16 @@ impl<E: Evaluator> Runner<E> {
                 }
             };
             self.put_trial(&trial)?;
+            // What screening ranks by (tokens per joule is known only after the engine stops,
+            // so those studies screen on output throughput).
+            let tpj = self.metric() == Metric::TokensPerJoule;
             let screens: Vec<f64> = search
                 .iter()
                 .filter(|t| t.status == TrialStatus::Ok)
-                .filter_map(|t| t.screen_objective)
+                .filter_map(|t| match (&t.screen, tpj) {
+                    (Some(m), true) => Some(m.output_throughput),
+                    _ => t.screen_objective,
+                })
                 .collect();
             let is_baseline = self.space.baselines().contains(&trial.config);
             let cancel = self.cancel.clone();
@@ -584,10 +596,14 @@ impl<E: Evaluator> Runner<E> {
             t.early_stop = screen.violation(min_s, &limits);
             t.screen_objective = screen.objective(metric);
             t.screen = Some(screen.clone());
-            if t.early_stop.is_some() || t.screen_objective.is_none() {
+            if t.early_stop.is_some() {
                 return Ok(());
             }
-            let v = t.screen_objective.unwrap_or(0.0);
+            // Tokens per joule is known only once the engine stops: screen on throughput.
+            let v = match metric {
+                Metric::TokensPerJoule => screen.output_throughput,
+                _ => t.screen_objective.unwrap_or(0.0),
+            };
             let mut all: Vec<f64> = screens.to_vec();
             all.push(v);
             all.sort_by(f64::total_cmp);
@@ -636,8 +652,22 @@ impl<E: Evaluator> Runner<E> {
                 return Err(TuneError::Teardown(f.evidence));
             }
         }
-        if let (Some(tel), Some(m)) = (&t.telemetry, t.full.as_mut().or(t.screen.as_mut())) {
-            m.tokens_per_joule = tel.tokens_per_joule(m.total_output_tokens);
+        if let Some(tel) = &t.telemetry {
+            // The sampler covered the whole engine session: every run's tokens count.
+            let tokens: u64 = [&t.screen, &t.full]
+                .iter()
+                .filter_map(|m| m.as_ref().map(|m| m.total_output_tokens))
+                .sum();
+            let tpj = tel.tokens_per_joule(tokens);
+            for m in [t.screen.as_mut(), t.full.as_mut()].into_iter().flatten() {
+                m.tokens_per_joule = tpj;
+            }
+            if self.metric() == Metric::TokensPerJoule && t.early_stop.is_none() {
+                t.screen_objective = tpj;
+                if t.promoted {
+                    t.objective = tpj;
+                }
+            }
         }
         t.status = match result {
             Err(f) if f.class == "infrastructure" => {
@@ -789,7 +819,13 @@ impl<E: Evaluator> Runner<E> {
             ));
         };
         let cands = self.candidates(&search, &base);
-        let mut arms: Vec<u32> = vec![base.seq];
+        // Defaults that failed or missed the constraints are not re-measured: there is nothing
+        // to compare with, the candidates are re-measured for their stability alone.
+        let mut arms: Vec<u32> = if base.status == TrialStatus::Ok {
+            vec![base.seq]
+        } else {
+            Vec::new()
+        };
         arms.extend(cands.iter().map(|c| c.seq));
         let mut plan = Vec::new();
         if !cands.is_empty() {
@@ -885,6 +921,63 @@ impl<E: Evaluator> Runner<E> {
             .collect()
     }
 
+    /// Candidates on their own (the defaults failed): each one's re-measured values, as a
+    /// "difference" from zero (`mean_a`, `low`, `high` are the candidate's mean and interval).
+    fn stability(&self, all: &[TrialRecord], cands: &[u32]) -> Vec<Comparison> {
+        cands
+            .iter()
+            .map(|c| {
+                let vals = Self::values(
+                    all,
+                    |k| matches!(k, TrialKind::Remeasure { candidate, .. } if candidate == c),
+                );
+                let command = all
+                    .iter()
+                    .find(|t| t.seq == *c)
+                    .and_then(|t| t.command.clone());
+                match vals {
+                    Ok(v) if !v.is_empty() => {
+                        let (m, sd, n) = super::stats::mean_sd(&v);
+                        let h = if n > 1 && sd.is_finite() {
+                            super::stats::t95((n - 1) as f64) * sd / (n as f64).sqrt()
+                        } else {
+                            f64::INFINITY
+                        };
+                        Comparison {
+                            candidate: *c,
+                            command,
+                            diff: Some(Diff {
+                                mean_a: m,
+                                mean_b: 0.0,
+                                diff: m,
+                                low: m - h,
+                                high: m + h,
+                                pct: f64::NAN,
+                                pct_low: f64::NAN,
+                                pct_high: f64::NAN,
+                                n_a: n,
+                                n_b: 0,
+                            }),
+                            disqualified: None,
+                        }
+                    }
+                    Ok(_) => Comparison {
+                        candidate: *c,
+                        command,
+                        diff: None,
+                        disqualified: Some("no re-measurement".into()),
+                    },
+                    Err(e) => Comparison {
+                        candidate: *c,
+                        command,
+                        diff: None,
+                        disqualified: Some(e),
+                    },
+                }
+            })
+            .collect()
+    }
+
     async fn validate(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
         let all = trials(&self.store, &rec.id)?;
         let search: Vec<TrialRecord> = all
@@ -900,10 +993,23 @@ impl<E: Evaluator> Runner<E> {
             .iter()
             .map(|t| t.seq)
             .collect();
-        let comparisons = self.compare(&all, base.seq, &cands);
+        let base_ok = base.status == TrialStatus::Ok;
+        let comparisons = if base_ok {
+            self.compare(&all, base.seq, &cands)
+        } else {
+            self.stability(&all, &cands)
+        };
         let winner = comparisons
             .iter()
-            .filter(|c| c.diff.as_ref().is_some_and(|d| d.significant_gain()))
+            .filter(|c| {
+                c.diff.as_ref().is_some_and(|d| {
+                    if base_ok {
+                        d.significant_gain()
+                    } else {
+                        d.n_a > 0
+                    }
+                })
+            })
             .max_by(|a, b| {
                 a.diff
                     .as_ref()
@@ -978,6 +1084,28 @@ impl<E: Evaluator> Runner<E> {
         let search_all: Vec<&TrialRecord> =
             all.iter().filter(|t| t.kind == TrialKind::Search).collect();
         let verdict = match &winner {
+            Some(w) if !base_ok => {
+                let d = w.diff.as_ref().expect("winners have a diff");
+                let why = base
+                    .failure
+                    .as_ref()
+                    .map(|f| {
+                        format!(
+                            "failed ({}): {}",
+                            f.class,
+                            crate::util::excerpt(&f.evidence, 120)
+                        )
+                    })
+                    .or(base
+                        .early_stop
+                        .clone()
+                        .map(|e| format!("missed the constraints ({e})")))
+                    .unwrap_or_default();
+                format!(
+                    "the engine's defaults (trial #{}) {why}; trial #{} meets the constraints in every re-measurement round: {:.2} (95% CI {:.2} to {:.2}, {} rounds)",
+                    base.seq, w.candidate, d.mean_a, d.low, d.high, d.n_a
+                )
+            }
             Some(w) => {
                 let d = w.diff.as_ref().expect("winners have a diff");
                 let regress: Vec<&str> = validation
@@ -1024,7 +1152,10 @@ impl<E: Evaluator> Runner<E> {
             metric: self.metric().label().into(),
             baseline_trial: base.seq,
             recommended: winner.as_ref().map(|w| w.candidate),
-            recommended_command: recommended_trial.as_ref().and_then(|t| t.command.clone()),
+            recommended_command: recommended_trial
+                .as_ref()
+                .and_then(|t| t.command.as_deref())
+                .map(serve_command),
             recommended_config: recommended_trial.as_ref().map(|t| t.config.clone()),
             comparisons,
             verdict,
@@ -1100,4 +1231,22 @@ async fn guarded<T>(
         r = fut => Some(r),
         _ = watcher => None,
     }
+}
+
+/// A trial's command as one to serve with: the trial's free port replaced by 8000.
+pub fn serve_command(cmd: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    let mut it = cmd.split(' ').peekable();
+    while let Some(w) = it.next() {
+        out.push(w);
+        if w == "--port"
+            && it
+                .peek()
+                .is_some_and(|p| p.chars().all(|c| c.is_ascii_digit()))
+        {
+            it.next();
+            out.push("8000");
+        }
+    }
+    out.join(" ")
 }

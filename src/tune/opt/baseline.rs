@@ -186,8 +186,22 @@ impl Optimizer for Reports {
                 }
             }
         }
+        // Defaults that fail or miss the constraints: a person would start from the best
+        // single change that works.
+        if best_engine.is_none() {
+            best_engine = self
+                .singles
+                .iter()
+                .filter_map(|(_, c)| value_of(c).map(|v| (c.clone(), v)))
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+        }
         let Some((base, base_v)) = best_engine else {
-            return Err("the reports' method needs a working baseline".into());
+            let mut rng = rng_for(0x5E_ED5, history.len());
+            return Ok(Proposal {
+                config: self.space.sample(&mut rng)?,
+                note: "reports' method: nothing works yet; random".into(),
+                expected_improvement: None,
+            });
         };
         let mut winners: Vec<(String, f64, Config)> = Vec::new();
         for (name, cfg) in &self.singles {

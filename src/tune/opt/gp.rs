@@ -249,11 +249,21 @@ impl Optimizer for Gp {
         }
         let values: Vec<f64> = feasible.iter().filter_map(|h| h.value).collect();
         let use_log = values.iter().all(|v| *v > 0.0);
-        let y: Vec<f64> = values
+        let tr = |v: f64| if use_log { v.ln() } else { v };
+        // The objective model sees every trial that ran, feasible or not (a run that missed
+        // an SLO still tells how fast that region is; the feasibility model handles the SLO).
+        // Crashed trials enter at the worst value seen, as SMAC does, so that its mean, not
+        // only the feasibility model, steers away from them.
+        let worst = values.iter().map(|v| tr(*v)).fold(f64::INFINITY, f64::min);
+        let y: Vec<f64> = history
             .iter()
-            .map(|v| if use_log { v.ln() } else { *v })
+            .map(|h| match (h.value, h.measured) {
+                (Some(v), _) => tr(v),
+                (None, Some(m)) if m > 0.0 || !use_log => tr(m),
+                _ => worst,
+            })
             .collect();
-        let x: Vec<Vec<Coord>> = feasible
+        let x: Vec<Vec<Coord>> = history
             .iter()
             .map(|h| encode(&self.space, &h.config))
             .collect();
@@ -277,9 +287,9 @@ impl Optimizer for Gp {
         } else {
             None
         };
-        let best = y
+        let best = values
             .iter()
-            .map(|v| (v - obj.mean) / obj.sd)
+            .map(|v| (tr(*v) - obj.mean) / obj.sd)
             .fold(f64::NEG_INFINITY, f64::max);
         let acq = Acquisition {
             space: &self.space,

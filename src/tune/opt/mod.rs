@@ -70,6 +70,9 @@ pub struct Obs {
     /// The engine failed (start-up failure, crash, hang), as opposed to running but missing
     /// a constraint.
     pub failed: bool,
+    /// The objective as measured even when a constraint was missed (what the run did reach).
+    #[serde(default)]
+    pub measured: Option<f64>,
 }
 
 /// A proposed configuration and why.

@@ -58,6 +58,7 @@ fn evaluate(c: &Config) -> Obs {
             config: c.clone(),
             value: None,
             failed: true,
+            measured: None,
         };
     }
     let m = match c.get("mode") {
@@ -70,6 +71,7 @@ fn evaluate(c: &Config) -> Obs {
         config: c.clone(),
         value: Some(v),
         failed: false,
+        measured: Some(v),
     }
 }
 

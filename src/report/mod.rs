@@ -1,0 +1,925 @@
+//! `servetune report STUDY --format md|json|html`: what a person reads after a study, in the
+//! shape of the hand-tuning reports in `shared/seeds/`, written from the store: the conclusion
+//! first (the command to run and baseline vs recommended on every workload, with 95%
+//! intervals), then the environment, the engines, every option explored with its effect, the
+//! failures and early stops, the full "Serving Benchmark Result" blocks, and charts (SVG).
+
+pub mod svg;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::bench::args::BenchArgs;
+use crate::bench::metrics::Summary;
+use crate::bench::output::{vllm_block, RunInfo};
+use crate::space::{Config, Value};
+use crate::store::{Store, StoreError};
+use crate::tune::eval::Measurement;
+use crate::tune::stats::{welch, Diff};
+use crate::tune::study::{self, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, STUDIES};
+use svg::Mark;
+
+#[derive(Debug, Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("no study {0:?} in the store")]
+    NoStudy(String),
+    #[error("study {0:?} has no trials yet")]
+    Empty(String),
+    #[error("unknown format {0:?} (md, json or html)")]
+    Format(String),
+    #[error("cannot write {path}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One figure of the conclusion table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub workload: String,
+    pub metric: String,
+    /// Whether more is better.
+    pub higher_is_better: bool,
+    pub baseline: Vec<f64>,
+    pub recommended: Vec<f64>,
+    pub diff: Option<Diff>,
+    pub regression: bool,
+}
+
+/// What the report says, as data (the JSON format).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportData {
+    pub study: StudyRecord,
+    pub model: String,
+    pub workloads: Vec<(String, Vec<String>)>,
+    pub baseline_trial: Option<u32>,
+    pub recommended_trial: Option<u32>,
+    pub recommended_command: Option<String>,
+    pub baseline_command: Option<String>,
+    pub rows: Vec<Row>,
+    pub options: Vec<OptionRow>,
+    pub engines: Vec<EngineRow>,
+    pub trials: Vec<TrialRecord>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OptionRow {
+    pub param: String,
+    pub value: String,
+    pub trials: usize,
+    pub failed: usize,
+    pub infeasible: usize,
+    /// Best objective among the trials with this value.
+    pub best: Option<f64>,
+    /// Best with this value against the baseline, %.
+    pub effect_pct: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineRow {
+    pub engine: String,
+    pub version: Option<String>,
+    pub defaults: Option<f64>,
+    pub best: Option<f64>,
+    pub trials: usize,
+}
+
+fn spec_workloads(text: &str) -> (String, Vec<(String, Vec<String>)>) {
+    match toml::from_str::<crate::tune::spec::StudySpec>(text) {
+        Ok(s) => {
+            let mut w: Vec<(String, Vec<String>)> = s
+                .workloads
+                .iter()
+                .map(|w| (w.name.clone(), w.args.clone()))
+                .collect();
+            if let Some(i) = s.workloads.iter().position(|w| w.primary) {
+                let p = w.remove(i);
+                w.insert(0, p);
+            }
+            (s.study.model, w)
+        }
+        Err(_) => (String::new(), Vec::new()),
+    }
+}
+
+const METRICS: [(&str, &str, bool); 4] = [
+    (
+        "total_token_throughput",
+        "total token throughput (tok/s)",
+        true,
+    ),
+    ("tpot:mean", "mean TPOT (ms)", false),
+    ("ttft:p99", "P99 TTFT (ms)", false),
+    ("success_rate", "success rate (%)", true),
+];
+
+fn metric_of(m: &Measurement, key: &str) -> Option<f64> {
+    match key {
+        "total_token_throughput" => Some(m.total_token_throughput),
+        "success_rate" => Some(100.0 * m.success_rate),
+        k => m.latencies_ms.get(k).copied(),
+    }
+}
+
+fn show(v: &Value) -> String {
+    v.to_string()
+}
+
+/// Collects everything the report shows.
+pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
+    let rec: StudyRecord = store
+        .get(STUDIES, id)?
+        .ok_or_else(|| ReportError::NoStudy(id.into()))?;
+    let trials = study::trials(store, id).map_err(|e| match e {
+        crate::tune::TuneError::Store(s) => ReportError::Store(s),
+        other => ReportError::NoStudy(other.to_string()),
+    })?;
+    if trials.is_empty() {
+        return Err(ReportError::Empty(id.into()));
+    }
+    let (model, workloads) = spec_workloads(&rec.spec_text);
+    let outcome = rec.outcome.clone();
+    let search: Vec<&TrialRecord> = trials
+        .iter()
+        .filter(|t| t.kind == TrialKind::Search)
+        .collect();
+    let baseline_trial = outcome
+        .as_ref()
+        .map(|o| o.baseline_trial)
+        .or(search.first().map(|t| t.seq));
+    let recommended_trial = outcome.as_ref().and_then(|o| o.recommended);
+    let cmd_of = |seq: Option<u32>| {
+        seq.and_then(|s| trials.iter().find(|t| t.seq == s))
+            .and_then(|t| t.command.clone())
+    };
+    // Conclusion rows: the primary from the re-measurement rounds, the others from validation.
+    let mut rows = Vec::new();
+    if let (Some(b), Some(r)) = (baseline_trial, recommended_trial) {
+        let runs = |wl: Option<&str>, cand: u32| -> Vec<&Measurement> {
+            trials
+                .iter()
+                .filter(|t| t.status != TrialStatus::Failed)
+                .filter(|t| match (&t.kind, wl) {
+                    (TrialKind::Remeasure { candidate, .. }, None) => *candidate == cand,
+                    (
+                        TrialKind::Validate {
+                            workload,
+                            candidate,
+                            ..
+                        },
+                        Some(w),
+                    ) => *candidate == cand && workload == w,
+                    _ => false,
+                })
+                .filter_map(|t| t.full.as_ref())
+                .collect()
+        };
+        let tol = toml::from_str::<crate::tune::spec::StudySpec>(&rec.spec_text)
+            .map(|s| s.validation.tolerance)
+            .unwrap_or(0.05);
+        for (i, (name, _)) in workloads.iter().enumerate() {
+            let wl = if i == 0 { None } else { Some(name.as_str()) };
+            let (mut bm, rm) = (runs(wl, b), runs(wl, r));
+            if bm.is_empty() && wl.is_none() {
+                // Defaults that missed the constraints were not re-measured: show their search run.
+                bm = trials
+                    .iter()
+                    .filter(|t| t.seq == b)
+                    .filter_map(|t| t.full.as_ref().or(t.screen.as_ref()))
+                    .collect();
+            }
+            if bm.is_empty() && rm.is_empty() {
+                continue;
+            }
+            for (key, label, higher) in METRICS {
+                let bv: Vec<f64> = bm.iter().filter_map(|m| metric_of(m, key)).collect();
+                let rv: Vec<f64> = rm.iter().filter_map(|m| metric_of(m, key)).collect();
+                let diff = (!bv.is_empty() && !rv.is_empty()).then(|| welch(&rv, &bv));
+                let regression = diff.as_ref().is_some_and(|d| {
+                    if higher {
+                        d.pct < -100.0 * tol
+                    } else {
+                        d.pct > 100.0 * tol
+                    }
+                });
+                rows.push(Row {
+                    workload: name.clone(),
+                    metric: label.into(),
+                    higher_is_better: higher,
+                    baseline: bv,
+                    recommended: rv,
+                    diff,
+                    regression,
+                });
+            }
+        }
+    }
+    // Every option explored: per parameter, per value (numeric: per distinct value, or four
+    // ranges when there are many).
+    let base_obj = baseline_trial
+        .and_then(|b| trials.iter().find(|t| t.seq == b))
+        .and_then(|t| t.objective);
+    let mut names: Vec<String> = search
+        .iter()
+        .flat_map(|t| t.config.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut options = Vec::new();
+    for name in &names {
+        let with: Vec<(&Value, &TrialRecord)> = search
+            .iter()
+            .filter_map(|t| t.config.get(name).map(|v| (v, *t)))
+            .collect();
+        let numeric = with
+            .iter()
+            .all(|(v, _)| matches!(v, Value::Int(_) | Value::Float(_)));
+        let num = |v: &Value| match v {
+            Value::Int(i) => *i as f64,
+            Value::Float(f) => *f,
+            _ => 0.0,
+        };
+        let mut distinct: Vec<String> = with.iter().map(|(v, _)| show(v)).collect();
+        distinct.sort();
+        distinct.dedup();
+        let groups: Vec<(String, Vec<&TrialRecord>)> = if numeric && distinct.len() > 6 {
+            let mut vals: Vec<f64> = with.iter().map(|(v, _)| num(v)).collect();
+            vals.sort_by(f64::total_cmp);
+            let q = |p: f64| vals[((vals.len() - 1) as f64 * p).round() as usize];
+            let edges = [q(0.0), q(0.25), q(0.5), q(0.75), q(1.0)];
+            (0..4)
+                .map(|i| {
+                    let (lo, hi) = (edges[i], edges[i + 1]);
+                    let ts = with
+                        .iter()
+                        .filter(|(v, _)| {
+                            let x = num(v);
+                            x >= lo && (x < hi || (i == 3 && x <= hi))
+                        })
+                        .map(|(_, t)| *t)
+                        .collect();
+                    (format!("{}–{}", fmt_num(lo), fmt_num(hi)), ts)
+                })
+                .collect()
+        } else {
+            distinct
+                .iter()
+                .map(|d| {
+                    (
+                        d.clone(),
+                        with.iter()
+                            .filter(|(v, _)| &show(v) == d)
+                            .map(|(_, t)| *t)
+                            .collect(),
+                    )
+                })
+                .collect()
+        };
+        for (value, ts) in groups {
+            if ts.is_empty() {
+                continue;
+            }
+            let best = ts
+                .iter()
+                .filter_map(|t| {
+                    t.objective
+                        .or(t.screen_objective)
+                        .filter(|_| t.status == TrialStatus::Ok)
+                })
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))));
+            options.push(OptionRow {
+                param: name.clone(),
+                value,
+                trials: ts.len(),
+                failed: ts
+                    .iter()
+                    .filter(|t| t.status == TrialStatus::Failed)
+                    .count(),
+                infeasible: ts
+                    .iter()
+                    .filter(|t| t.status == TrialStatus::Infeasible)
+                    .count(),
+                effect_pct: match (best, base_obj) {
+                    (Some(b), Some(base)) if base != 0.0 => Some(100.0 * (b / base - 1.0)),
+                    _ => None,
+                },
+                best,
+            });
+        }
+    }
+    // Engines: defaults and best per engine.
+    let mut engines: BTreeMap<String, EngineRow> = BTreeMap::new();
+    for t in &search {
+        let e = t.engine.clone().unwrap_or_else(|| "?".into());
+        let row = engines.entry(e.clone()).or_insert(EngineRow {
+            engine: e.clone(),
+            version: rec.engine_versions.get(&e).cloned().flatten(),
+            defaults: None,
+            best: None,
+            trials: 0,
+        });
+        row.trials += 1;
+        if t.note.contains("baseline") {
+            row.defaults = t.objective;
+        }
+        if let Some(v) = t.objective {
+            row.best = Some(row.best.map_or(v, |b: f64| b.max(v)));
+        }
+    }
+    Ok(ReportData {
+        model,
+        workloads,
+        baseline_trial,
+        recommended_trial,
+        recommended_command: outcome
+            .as_ref()
+            .and_then(|o| o.recommended_command.clone())
+            .or_else(|| cmd_of(recommended_trial)),
+        baseline_command: cmd_of(baseline_trial),
+        rows,
+        options,
+        engines: engines.into_values().collect(),
+        trials,
+        study: rec,
+    })
+}
+
+fn fmt_num(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+fn pm(d: &Diff) -> String {
+    if d.pct_low.is_finite() {
+        format!("{:+.1}% [{:+.1}%, {:+.1}%]", d.pct, d.pct_low, d.pct_high)
+    } else {
+        format!("{:+.1}% (a single run on one side: no interval)", d.pct)
+    }
+}
+
+fn mean_ci(v: &[f64]) -> String {
+    let (m, sd, n) = crate::tune::stats::mean_sd(v);
+    if n == 0 {
+        return "-".into();
+    }
+    if n < 2 || !sd.is_finite() {
+        return format!("{m:.2}");
+    }
+    let h = crate::tune::stats::t95((n - 1) as f64) * sd / (n as f64).sqrt();
+    format!("{m:.2} ± {h:.2}")
+}
+
+/// Renders one configuration as `--flag value` pairs relative to the defaults.
+fn config_text(c: &Config) -> String {
+    c.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The charts, as SVG strings: best so far, throughput against TPOT, one per parameter.
+pub fn charts(d: &ReportData) -> Vec<(String, String)> {
+    let search: Vec<&TrialRecord> = d
+        .trials
+        .iter()
+        .filter(|t| t.kind == TrialKind::Search)
+        .collect();
+    let ylabel = d
+        .study
+        .outcome
+        .as_ref()
+        .map(|o| o.metric.clone())
+        .unwrap_or_else(|| "objective".into());
+    let mark_of = |t: &TrialRecord| match t.status {
+        TrialStatus::Failed => Mark::Failed,
+        TrialStatus::Infeasible => Mark::Infeasible,
+        _ if Some(t.seq) == d.study.best_trial => Mark::Best,
+        _ => Mark::Ok,
+    };
+    let mut out = Vec::new();
+    let pts: Vec<(f64, Option<f64>, Mark)> = search
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            (
+                i as f64,
+                t.objective
+                    .or(t.screen_objective)
+                    .filter(|_| t.status == TrialStatus::Ok),
+                mark_of(t),
+            )
+        })
+        .collect();
+    out.push(("best-so-far".to_string(), svg::best_so_far(&pts, &ylabel)));
+    let pp: Vec<(f64, f64, Mark)> = search
+        .iter()
+        .filter_map(|t| {
+            let m = t.full.as_ref().or(t.screen.as_ref())?;
+            Some((
+                *m.latencies_ms.get("tpot:mean")?,
+                m.total_token_throughput,
+                mark_of(t),
+            ))
+        })
+        .collect();
+    if !pp.is_empty() {
+        out.push((
+            "throughput-vs-tpot".to_string(),
+            svg::pareto(&pp, "mean TPOT (ms)", "total token throughput (tok/s)"),
+        ));
+    }
+    let mut names: Vec<String> = search
+        .iter()
+        .flat_map(|t| t.config.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let vals: Vec<(&Value, &TrialRecord)> = search
+            .iter()
+            .filter(|t| t.status == TrialStatus::Ok)
+            .filter_map(|t| t.config.get(&name).map(|v| (v, *t)))
+            .filter(|(_, t)| t.objective.or(t.screen_objective).is_some())
+            .collect();
+        if vals.is_empty() {
+            continue;
+        }
+        let numeric = vals
+            .iter()
+            .all(|(v, _)| matches!(v, Value::Int(_) | Value::Float(_)));
+        let y = |t: &TrialRecord| t.objective.or(t.screen_objective).unwrap_or(0.0);
+        if numeric {
+            let pts: Vec<(f64, f64, Mark)> = vals
+                .iter()
+                .map(|(v, t)| {
+                    let x = match v {
+                        Value::Int(i) => *i as f64,
+                        Value::Float(f) => *f,
+                        _ => 0.0,
+                    };
+                    (x, y(t), mark_of(t))
+                })
+                .collect();
+            out.push((
+                format!("effect-{name}"),
+                svg::effect(&name, &pts, None, &ylabel),
+            ));
+        } else {
+            let mut labels: Vec<String> = vals.iter().map(|(v, _)| show(v)).collect();
+            labels.sort();
+            labels.dedup();
+            let pts: Vec<(f64, f64, Mark)> = vals
+                .iter()
+                .map(|(v, t)| {
+                    (
+                        labels.iter().position(|l| *l == show(v)).unwrap_or(0) as f64,
+                        y(t),
+                        mark_of(t),
+                    )
+                })
+                .collect();
+            out.push((
+                format!("effect-{name}"),
+                svg::effect(&name, &pts, Some(&labels), &ylabel),
+            ));
+        }
+    }
+    out
+}
+
+fn run_info(d: &ReportData, workload: usize) -> RunInfo {
+    let args = d
+        .workloads
+        .get(workload)
+        .and_then(|(_, a)| BenchArgs::from_flags(a).ok());
+    RunInfo {
+        backend: args
+            .as_ref()
+            .map(|a| a.backend.as_str().to_owned())
+            .unwrap_or_else(|| "openai".into()),
+        label: None,
+        model_id: d.model.clone(),
+        tokenizer_id: d.model.clone(),
+        num_prompts: args.as_ref().map(|a| a.num_prompts).unwrap_or(0),
+        request_rate: args
+            .as_ref()
+            .map(|a| a.request_rate)
+            .unwrap_or(f64::INFINITY),
+        burstiness: args.as_ref().map(|a| a.burstiness).unwrap_or(1.0),
+        max_concurrency: args.as_ref().and_then(|a| a.max_concurrency),
+        percentile_metrics: Vec::new(),
+        goodput: false,
+        date: String::new(),
+    }
+}
+
+/// The last full-length run of a trial in the re-measurement (else its search run).
+fn block_of(d: &ReportData, seq: u32) -> Option<String> {
+    let m = d
+        .trials
+        .iter()
+        .rev()
+        .find(|t| {
+            matches!(t.kind, TrialKind::Remeasure { candidate, .. } if candidate == seq)
+                && t.full.is_some()
+        })
+        .or_else(|| d.trials.iter().find(|t| t.seq == seq))
+        .and_then(|t| t.full.as_ref())?;
+    let s: Summary = serde_json::from_value(m.summary.clone()?).ok()?;
+    Some(vllm_block(&s, &run_info(d, 0)))
+}
+
+/// The Markdown report. `embed_charts` puts the SVGs inline (for HTML); else they are listed
+/// as files written next to the report.
+pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
+    let mut o = String::new();
+    let rec = &d.study;
+    let _ = writeln!(o, "# servetune report: {}\n", rec.id);
+    // Conclusion first.
+    let _ = writeln!(o, "## Conclusion\n");
+    match &rec.outcome {
+        Some(out) => {
+            let _ = writeln!(o, "{}\n", out.verdict);
+            if let Some(c) = &d.recommended_command {
+                let _ = writeln!(o, "Recommended command:\n\n```sh\n{c}\n```\n");
+            } else if let Some(c) = &d.baseline_command {
+                let c = crate::tune::study::serve_command(c);
+                let _ = writeln!(o, "Keep the defaults:\n\n```sh\n{c}\n```\n");
+            }
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "The study has not finished (phase: {:?}); what follows is the state so far.\n",
+                rec.phase
+            );
+        }
+    }
+    if !d.rows.is_empty() {
+        let _ = writeln!(
+            o,
+            "| workload | metric | baseline #{} (mean ± 95% CI) | recommended #{} | change [95% CI] |",
+            d.baseline_trial.unwrap_or(0),
+            d.recommended_trial.unwrap_or(0)
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|");
+        for r in &d.rows {
+            let change = match &r.diff {
+                Some(df) => {
+                    let s = pm(df);
+                    if r.regression {
+                        format!("**{s} REGRESSION**")
+                    } else {
+                        s
+                    }
+                }
+                None => "-".into(),
+            };
+            let _ = writeln!(
+                o,
+                "| {} | {} | {} | {} | {} |",
+                r.workload,
+                r.metric,
+                mean_ci(&r.baseline),
+                mean_ci(&r.recommended),
+                change
+            );
+        }
+        let _ = writeln!(o);
+    }
+    if let Some(out) = &rec.outcome {
+        if !out.comparisons.is_empty() {
+            let _ = writeln!(
+                o,
+                "Candidates re-measured against the baseline (interleaved rounds):\n"
+            );
+            let _ = writeln!(o, "| trial | change of the objective [95% CI] | note |");
+            let _ = writeln!(o, "|---|---|---|");
+            for c in &out.comparisons {
+                let alone = c.diff.as_ref().is_some_and(|d| d.n_b == 0);
+                let value = match &c.diff {
+                    Some(d) if alone => format!(
+                        "{:.2} [{:.2}, {:.2}] (defaults failed: no comparison)",
+                        d.mean_a, d.low, d.high
+                    ),
+                    Some(d) => pm(d),
+                    None => "-".into(),
+                };
+                let note = match (&c.disqualified, &c.diff) {
+                    (Some(why), _) => why.clone(),
+                    (None, Some(_)) if alone => "met the constraints in every round".into(),
+                    (None, Some(d)) if d.significant_gain() => "significant".into(),
+                    _ => "not significant".into(),
+                };
+                let _ = writeln!(o, "| #{} | {value} | {note} |", c.candidate);
+            }
+            let _ = writeln!(o);
+        }
+    }
+    // Environment.
+    let _ = writeln!(o, "## Environment\n");
+    let _ = writeln!(o, "- model: `{}`", d.model);
+    let _ = writeln!(o, "- hardware: {}", rec.hardware);
+    for (e, v) in &rec.engine_versions {
+        let _ = writeln!(
+            o,
+            "- engine: {e} {}",
+            v.as_deref().unwrap_or("(version unknown)")
+        );
+    }
+    if !rec.dropped_flags.is_empty() {
+        let _ = writeln!(
+            o,
+            "- flags the installed engine lacks (not searched): {}",
+            rec.dropped_flags.join(", ")
+        );
+    }
+    let _ = writeln!(o, "- trigger: {}", rec.trigger);
+    let _ = writeln!(
+        o,
+        "- search stopped: {}",
+        rec.stop_reason.as_deref().unwrap_or("(running)")
+    );
+    if let Some(out) = &rec.outcome {
+        let _ = writeln!(
+            o,
+            "- objective: {}; {} search trials, {} screened only; benchmark time {:.0} s, {:.0} s saved by screening",
+            out.metric, out.search_trials, out.screened_only, out.bench_s, out.saved_s
+        );
+    }
+    let _ = writeln!(
+        o,
+        "\nWorkloads (load-generator settings, `servetune bench` flags):\n"
+    );
+    for (i, (name, args)) in d.workloads.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            "- {}{}: `{}`",
+            name,
+            if i == 0 { " (primary)" } else { "" },
+            args.join(" ")
+        );
+    }
+    // Engines.
+    let _ = writeln!(o, "\n## Engine selection\n");
+    let _ = writeln!(o, "| engine | version | defaults | best found | trials |");
+    let _ = writeln!(o, "|---|---|---|---|---|");
+    for e in &d.engines {
+        let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} |",
+            e.engine,
+            e.version.as_deref().unwrap_or("?"),
+            f(e.defaults),
+            f(e.best),
+            e.trials
+        );
+    }
+    // Options.
+    let _ = writeln!(o, "\n## Options explored\n");
+    let _ = writeln!(
+        o,
+        "| option | value | trials | failed | infeasible | best | vs baseline |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+    for r in &d.options {
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.param,
+            r.value,
+            r.trials,
+            r.failed,
+            r.infeasible,
+            r.best
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            r.effect_pct
+                .map(|v| format!("{v:+.1}%"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    // Trials.
+    let _ = writeln!(o, "\n## Trials\n");
+    let _ = writeln!(
+        o,
+        "| # | kind | status | objective | screen | configuration |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|");
+    for t in &d.trials {
+        let kind = match &t.kind {
+            TrialKind::Search => "search".to_string(),
+            TrialKind::Remeasure { round, candidate } => {
+                format!("re-measure #{candidate} r{}", round + 1)
+            }
+            TrialKind::Validate {
+                workload,
+                round,
+                candidate,
+            } => format!("{workload} #{candidate} r{}", round + 1),
+        };
+        let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            o,
+            "| {} | {} | {} | {} | {} | {} |",
+            t.seq,
+            kind,
+            format!("{:?}", t.status).to_lowercase(),
+            f(t.objective),
+            f(t.screen_objective),
+            config_text(&t.config)
+        );
+    }
+    let failures: Vec<&TrialRecord> = d.trials.iter().filter(|t| t.failure.is_some()).collect();
+    if !failures.is_empty() {
+        let _ = writeln!(o, "\n## Failures\n");
+        for t in failures {
+            let f = t.failure.as_ref().expect("filtered");
+            let _ = writeln!(
+                o,
+                "- #{} **{}**: {}",
+                t.seq,
+                f.class,
+                crate::util::excerpt(&f.evidence, 300)
+            );
+            if let Some(c) = &t.command {
+                let _ = writeln!(o, "  - command: `{c}`");
+            }
+        }
+    }
+    let stops: Vec<&TrialRecord> = d.trials.iter().filter(|t| t.early_stop.is_some()).collect();
+    if !stops.is_empty() {
+        let _ = writeln!(o, "\n## Early stops and missed constraints\n");
+        for t in stops {
+            let _ = writeln!(o, "- #{}: {}", t.seq, t.early_stop.as_deref().unwrap_or(""));
+        }
+    }
+    // Benchmark blocks.
+    let _ = writeln!(
+        o,
+        "\n## Serving Benchmark Result blocks ({})\n",
+        d.workloads
+            .first()
+            .map(|w| w.0.as_str())
+            .unwrap_or("primary")
+    );
+    for (label, seq) in [
+        ("baseline", d.baseline_trial),
+        ("recommended", d.recommended_trial),
+    ] {
+        if let Some(b) = seq.and_then(|s| block_of(d, s)) {
+            let _ = writeln!(o, "{label} (#{}):\n\n```\n{b}```\n", seq.unwrap_or(0));
+        }
+    }
+    if !chart_files.is_empty() {
+        let _ = writeln!(o, "## Charts\n");
+        for (name, path) in chart_files {
+            let _ = writeln!(o, "![{name}]({path})");
+        }
+    }
+    o
+}
+
+/// The JSON report: the data and the charts.
+pub fn json(d: &ReportData) -> serde_json::Value {
+    let mut v = serde_json::to_value(d).unwrap_or_default();
+    if let Some(m) = v.as_object_mut() {
+        m.insert(
+            "charts".into(),
+            serde_json::Value::Object(
+                charts(d)
+                    .into_iter()
+                    .map(|(k, s)| (k, serde_json::Value::String(s)))
+                    .collect(),
+            ),
+        );
+    }
+    v
+}
+
+/// A self-contained HTML page: the Markdown's content with the charts inline.
+pub fn html(d: &ReportData) -> String {
+    let md = markdown(d, &[]);
+    let mut body = String::new();
+    let mut in_code = false;
+    let mut in_table = false;
+    for line in md.lines() {
+        let esc = |s: &str| {
+            s.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        };
+        if line.starts_with("```") {
+            body.push_str(if in_code { "</pre>\n" } else { "<pre>" });
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            body.push_str(&esc(line));
+            body.push('\n');
+            continue;
+        }
+        if line.starts_with('|') {
+            if line.starts_with("|---") {
+                continue;
+            }
+            if !in_table {
+                body.push_str("<table>\n");
+                in_table = true;
+            }
+            let cells: Vec<&str> = line.trim_matches('|').split(" | ").collect();
+            body.push_str("<tr>");
+            for c in cells {
+                let _ = write!(body, "<td>{}</td>", esc(c.trim()).replace("**", ""));
+            }
+            body.push_str("</tr>\n");
+            continue;
+        } else if in_table {
+            body.push_str("</table>\n");
+            in_table = false;
+        }
+        if let Some(h) = line.strip_prefix("## ") {
+            let _ = writeln!(body, "<h2>{}</h2>", esc(h));
+        } else if let Some(h) = line.strip_prefix("# ") {
+            let _ = writeln!(body, "<h1>{}</h1>", esc(h));
+        } else if let Some(li) = line.strip_prefix("- ") {
+            let _ = writeln!(body, "<p>• {}</p>", esc(li).replace('`', ""));
+        } else if !line.trim().is_empty() {
+            let _ = writeln!(body, "<p>{}</p>", esc(line).replace('`', ""));
+        }
+    }
+    if in_table {
+        body.push_str("</table>\n");
+    }
+    body.push_str("<h2>Charts</h2>\n");
+    for (_, svg) in charts(d) {
+        body.push_str(&svg);
+        body.push('\n');
+    }
+    format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>servetune report: {}</title><style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 6px}}pre{{background:#f6f6f6;padding:8px}}svg{{display:block;margin:1em 0}}</style></head><body>\n{body}</body></html>\n",
+        rec_id(d)
+    )
+}
+
+fn rec_id(d: &ReportData) -> String {
+    d.study.id.replace('<', "")
+}
+
+/// Whether the study is finished.
+pub fn finished(d: &ReportData) -> bool {
+    d.study.phase == Phase::Done
+}
+
+/// `servetune report`: the report in `format`; with `out`, written there (Markdown charts as
+/// SVG files beside it) and the path returned in the message, else returned for stdout.
+pub fn render(
+    store: &Store,
+    id: &str,
+    format: &str,
+    out: Option<&std::path::Path>,
+) -> Result<String, ReportError> {
+    let d = build(store, id)?;
+    let write = |path: &std::path::Path, text: &str| {
+        std::fs::write(path, text).map_err(|source| ReportError::Write {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let text = match format {
+        "md" | "markdown" => {
+            let mut files = Vec::new();
+            if let Some(p) = out {
+                let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("report");
+                let dir = p.parent().unwrap_or(std::path::Path::new("."));
+                for (name, svg) in charts(&d) {
+                    let f = format!("{stem}-{name}.svg");
+                    write(&dir.join(&f), &svg)?;
+                    files.push((name, f));
+                }
+            }
+            markdown(&d, &files)
+        }
+        "json" => serde_json::to_string_pretty(&json(&d)).unwrap_or_default() + "\n",
+        "html" => html(&d),
+        other => return Err(ReportError::Format(other.into())),
+    };
+    match out {
+        Some(p) => {
+            write(p, &text)?;
+            Ok(format!("report written to {}\n", p.display()))
+        }
+        None => Ok(text),
+    }
+}
