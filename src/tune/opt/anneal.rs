@@ -39,7 +39,7 @@ struct Walk {
 impl Anneal {
     fn replay(&self, history: &[Obs]) -> Option<Walk> {
         let baselines = self.space.baselines().len();
-        // Start from the best baseline that worked.
+        // Start from the best baseline that worked, else from the first feasible trial.
         let start = (0..baselines.min(history.len()))
             .filter(|i| history[*i].value.is_some())
             .max_by(|a, b| {
@@ -47,14 +47,15 @@ impl Anneal {
                     .value
                     .unwrap()
                     .total_cmp(&history[*b].value.unwrap())
-            })?;
+            })
+            .or_else(|| history.iter().position(|h| h.value.is_some()))?;
         let mut w = Walk {
             current: start,
             best: Some(start),
             since_best: 0,
             temperature: T0,
         };
-        for (j, h) in history.iter().enumerate().skip(baselines) {
+        for (j, h) in history.iter().enumerate().skip(baselines.max(start + 1)) {
             let cur = history[w.current].value.unwrap_or(f64::NEG_INFINITY);
             if let Some(v) = h.value {
                 let accept = v >= cur || {
@@ -88,11 +89,13 @@ impl Anneal {
 
 impl Optimizer for Anneal {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
-        let mut rng = rng_for(self.seed, history.len());
+        // Its own stream: before a feasible start it samples at random, and must not repeat
+        // the random optimiser's points.
+        let mut rng = rng_for(self.seed ^ 0xA77EA1, history.len());
         let Some(w) = self.replay(history) else {
             return Ok(Proposal {
-                config: self.space.sample(&mut rng)?,
-                note: "anneal: no working start yet; random".into(),
+                config: crate::tune::encode::random_config(&self.space, &mut rng)?,
+                note: "anneal: no feasible start yet; random".into(),
                 expected_improvement: None,
             });
         };
