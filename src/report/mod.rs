@@ -517,7 +517,15 @@ fn run_info(d: &ReportData, workload: usize) -> RunInfo {
             .unwrap_or(f64::INFINITY),
         burstiness: args.as_ref().map(|a| a.burstiness).unwrap_or(1.0),
         max_concurrency: args.as_ref().and_then(|a| a.max_concurrency),
-        percentile_metrics: Vec::new(),
+        percentile_metrics: args
+            .as_ref()
+            .map(|a| {
+                a.percentile_metrics
+                    .split(',')
+                    .filter_map(|m| crate::bench::metrics::Metric::parse(m.trim()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         goodput: false,
         date: String::new(),
     }

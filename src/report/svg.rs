@@ -47,7 +47,7 @@ fn step(span: f64) -> f64 {
 }
 
 fn fmt_tick(v: f64) -> String {
-    if v.abs() >= 10.0 || v == 0.0 {
+    if v.abs() >= 10.0 || (v - v.round()).abs() < 1e-9 {
         format!("{:.0}", v)
     } else {
         format!("{:.2}", v)
