@@ -91,7 +91,16 @@ pub struct EngineRow {
     pub trials: usize,
 }
 
-fn spec_workloads(text: &str) -> (String, Vec<(String, Vec<String>)>) {
+/// What the report needs from the stored study file: the model, the workloads (primary first)
+/// and the regression tolerance. Parsed once, without the checks of `Study::parse` (which also
+/// needs the dataset files, and a report must work after they are gone).
+struct SpecView {
+    model: String,
+    workloads: Vec<(String, Vec<String>)>,
+    tolerance: f64,
+}
+
+fn spec_view(text: &str) -> SpecView {
     match toml::from_str::<crate::tune::spec::StudySpec>(text) {
         Ok(s) => {
             let mut w: Vec<(String, Vec<String>)> = s
@@ -103,10 +112,29 @@ fn spec_workloads(text: &str) -> (String, Vec<(String, Vec<String>)>) {
                 let p = w.remove(i);
                 w.insert(0, p);
             }
-            (s.study.model, w)
+            SpecView {
+                model: s.study.model,
+                workloads: w,
+                tolerance: s.validation.tolerance,
+            }
         }
-        Err(_) => (String::new(), Vec::new()),
+        Err(_) => SpecView {
+            model: String::new(),
+            workloads: Vec::new(),
+            tolerance: crate::tune::spec::Validation::default().tolerance,
+        },
     }
+}
+
+/// The parameter names the search trials set, sorted.
+fn param_names(search: &[&TrialRecord]) -> Vec<String> {
+    let mut names: Vec<String> = search
+        .iter()
+        .flat_map(|t| t.config.keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 const METRICS: [(&str, &str, bool); 4] = [
@@ -137,14 +165,15 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
     let rec: StudyRecord = store
         .get(STUDIES, id)?
         .ok_or_else(|| ReportError::NoStudy(id.into()))?;
-    let trials = study::trials(store, id).map_err(|e| match e {
-        crate::tune::TuneError::Store(s) => ReportError::Store(s),
-        other => ReportError::NoStudy(other.to_string()),
-    })?;
+    let trials = study::trials(store, id)?;
     if trials.is_empty() {
         return Err(ReportError::Empty(id.into()));
     }
-    let (model, workloads) = spec_workloads(&rec.spec_text);
+    let SpecView {
+        model,
+        workloads,
+        tolerance: tol,
+    } = spec_view(&rec.spec_text);
     let outcome = rec.outcome.clone();
     let search: Vec<&TrialRecord> = trials
         .iter()
@@ -181,9 +210,6 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
                 .filter_map(|t| t.full.as_ref())
                 .collect()
         };
-        let tol = toml::from_str::<crate::tune::spec::StudySpec>(&rec.spec_text)
-            .map(|s| s.validation.tolerance)
-            .unwrap_or(0.05);
         for (i, (name, _)) in workloads.iter().enumerate() {
             let wl = if i == 0 { None } else { Some(name.as_str()) };
             let (mut bm, rm) = (runs(wl, b), runs(wl, r));
@@ -226,12 +252,7 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
     let base_obj = baseline_trial
         .and_then(|b| trials.iter().find(|t| t.seq == b))
         .and_then(|t| t.objective);
-    let mut names: Vec<String> = search
-        .iter()
-        .flat_map(|t| t.config.keys().cloned())
-        .collect();
-    names.sort();
-    names.dedup();
+    let names = param_names(&search);
     let mut options = Vec::new();
     for name in &names {
         let with: Vec<(&Value, &TrialRecord)> = search
@@ -368,15 +389,11 @@ fn pm(d: &Diff) -> String {
 }
 
 fn mean_ci(v: &[f64]) -> String {
-    let (m, sd, n) = crate::tune::stats::mean_sd(v);
-    if n == 0 {
-        return "-".into();
+    match crate::tune::stats::mean_interval(v) {
+        None => "-".into(),
+        Some((m, h)) if h.is_finite() => format!("{m:.2} ± {h:.2}"),
+        Some((m, _)) => format!("{m:.2}"),
     }
-    if n < 2 || !sd.is_finite() {
-        return format!("{m:.2}");
-    }
-    let h = crate::tune::stats::t95((n - 1) as f64) * sd / (n as f64).sqrt();
-    format!("{m:.2} ± {h:.2}")
 }
 
 /// Renders one configuration as `--flag value` pairs relative to the defaults.
@@ -438,12 +455,7 @@ pub fn charts(d: &ReportData) -> Vec<(String, String)> {
             svg::pareto(&pp, "mean TPOT (ms)", "total token throughput (tok/s)"),
         ));
     }
-    let mut names: Vec<String> = search
-        .iter()
-        .flat_map(|t| t.config.keys().cloned())
-        .collect();
-    names.sort();
-    names.dedup();
+    let names = param_names(&search);
     for name in names {
         let vals: Vec<(&Value, &TrialRecord)> = search
             .iter()

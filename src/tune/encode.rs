@@ -113,22 +113,26 @@ pub fn decode(space: &Space, coords: &[Coord]) -> Result<Config, String> {
     Ok(cfg)
 }
 
-/// A random coordinate for parameter `p`: uniform, except that a numeric one lands on a bound
-/// a quarter of the time. Engine knobs often do best at an end of their sensible range (the
-/// largest batch, the most memory), which a uniform draw almost never hits.
+/// A unit coordinate that lands on a bound a quarter of the time, else uniform. Engine knobs
+/// often do best at an end of their sensible range (the largest batch, the most memory), which
+/// a uniform draw almost never hits.
+pub fn random_unit(rng: &mut impl Rng) -> f64 {
+    let r: f64 = rng.random_range(0.0..1.0);
+    if r < 0.125 {
+        0.0
+    } else if r < 0.25 {
+        1.0
+    } else {
+        rng.random_range(0.0..=1.0)
+    }
+}
+
+/// A random coordinate for parameter `p`: a uniform value of a categorical one, `random_unit`
+/// for a numeric one.
 pub fn random_coord(p: &Param, rng: &mut impl Rng) -> Coord {
     match arity(p) {
         Some(k) => Coord::Cat(rng.random_range(0..k)),
-        None => {
-            let r: f64 = rng.random_range(0.0..1.0);
-            if r < 0.125 {
-                Coord::Num(0.0)
-            } else if r < 0.25 {
-                Coord::Num(1.0)
-            } else {
-                Coord::Num(rng.random_range(0.0..=1.0))
-            }
-        }
+        None => Coord::Num(random_unit(rng)),
     }
 }
 

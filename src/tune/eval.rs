@@ -207,8 +207,8 @@ pub struct EngineEvaluator {
     pub limits: Vec<LatencyLimit>,
     pub binaries: BTreeMap<String, Vec<String>>,
     pub versions: BTreeMap<String, Option<String>>,
-    /// Sampled requests per (workload, prompts): the same prompts for every trial.
-    cache: HashMap<(usize, usize), Vec<SampleRequest>>,
+    /// Sampled requests per (workload, prompts, seed): the same prompts for every trial.
+    cache: HashMap<(usize, usize, u64), Vec<SampleRequest>>,
     engine: Option<TrialEngine>,
     patterns: Patterns,
     sampler: Option<crate::telemetry::Sampler>,
@@ -332,7 +332,9 @@ impl Evaluator for EngineEvaluator {
             // warm, and it would read faster than the same run on a fresh engine.
             args.seed = args.seed.wrapping_add(0x5C4EE9);
         }
-        let key = (spec.workload, args.num_prompts);
+        // The seed is part of the key: a screening run that asks for as many prompts as the
+        // full run (tiny workloads) still gets its own draw.
+        let key = (spec.workload, args.num_prompts, args.seed);
         let (plan, _) = args
             .prepare_with(self.cache.get(&key).cloned())
             .await

@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use super::eval::{latency_key, Evaluator, Measurement, RunSpec, Started, TrialFailure};
 use crate::bench::abort::{LatencyLimit, Stat};
 use crate::bench::metrics::Metric as M;
+use crate::bench::stats::{self, Sorted};
 use crate::engine::failure::Patterns;
 use crate::mock::profile::Machine;
 use crate::mock::sim::{block_hashes, simulate, Sched, Settings, SimRequest};
@@ -103,16 +104,6 @@ impl SimEvaluator {
             })
             .collect()
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    // numpy's linear interpolation.
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let h = (sorted.len() - 1) as f64 * p / 100.0;
-    let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
-    sorted[lo] + (sorted[hi] - sorted[lo]) * (h - lo as f64)
 }
 
 impl Evaluator for SimEvaluator {
@@ -226,33 +217,25 @@ impl SimEvaluator {
         let dur = makespan.max(1e-9);
         let out_tokens: u64 = ok.iter().map(|o| o.output_tokens).sum();
         let in_tokens: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
-        let mut ttft: Vec<f64> = ok.iter().map(|o| o.ttft_s * 1e3).collect();
-        let mut tpot: Vec<f64> = ok
+        let ttft: Vec<f64> = ok.iter().map(|o| o.ttft_s * 1e3).collect();
+        let tpot: Vec<f64> = ok
             .iter()
             .filter(|o| o.output_tokens > 1)
             .map(|o| (o.e2el_s - o.ttft_s) * 1e3 / (o.output_tokens - 1) as f64)
             .collect();
-        let mut e2el: Vec<f64> = ok.iter().map(|o| o.e2el_s * 1e3).collect();
+        let e2el: Vec<f64> = ok.iter().map(|o| o.e2el_s * 1e3).collect();
         let mut lat = BTreeMap::new();
-        for (m, v) in [
-            (M::Ttft, &mut ttft),
-            (M::Tpot, &mut tpot),
-            (M::E2el, &mut e2el),
-        ] {
-            v.sort_by(f64::total_cmp);
-            let mean = if v.is_empty() {
-                0.0
-            } else {
-                v.iter().sum::<f64>() / v.len() as f64
-            };
+        for (m, v) in [(M::Ttft, &ttft), (M::Tpot, &tpot), (M::E2el, &e2el)] {
+            let sorted = Sorted::new(v);
+            let mean = stats::mean(v);
             lat.insert(format!("{}:mean", m.key()), mean);
-            lat.insert(format!("{}:median", m.key()), percentile(v, 50.0));
-            lat.insert(format!("{}:p99", m.key()), percentile(v, 99.0));
+            lat.insert(format!("{}:median", m.key()), sorted.percentile(50.0));
+            lat.insert(format!("{}:p99", m.key()), sorted.percentile(99.0));
             for l in self.limits.iter().filter(|l| l.metric == m) {
                 let x = match l.stat {
                     Stat::Mean => mean,
-                    Stat::Median => percentile(v, 50.0),
-                    Stat::P(p) => percentile(v, p),
+                    Stat::Median => sorted.percentile(50.0),
+                    Stat::P(p) => sorted.percentile(p),
                 };
                 lat.insert(latency_key(l), x);
             }

@@ -107,6 +107,21 @@ pub mod nullable {
     }
 }
 
+/// Mean and the half width of its 95% t interval (infinite with fewer than two values);
+/// `None` for no values.
+pub fn mean_interval(xs: &[f64]) -> Option<(f64, f64)> {
+    let (m, sd, n) = mean_sd(xs);
+    if n == 0 {
+        return None;
+    }
+    let h = if n > 1 && sd.is_finite() {
+        t95((n - 1) as f64) * sd / (n as f64).sqrt()
+    } else {
+        f64::INFINITY
+    };
+    Some((m, h))
+}
+
 /// A difference of means `a - b` with its 95% confidence interval, also as a percentage of `b`.
 /// A bound that is unknown (one run on a side) reads as NaN after a round trip.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

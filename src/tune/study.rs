@@ -20,7 +20,7 @@ use super::spec::{Metric, Study};
 use super::stats::{welch, Diff};
 use super::TuneError;
 use crate::space::{Config, Space};
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::telemetry::TelemetrySummary;
 use crate::util::unix_now;
 
@@ -178,7 +178,7 @@ pub fn trial_key(study: &str, seq: u32) -> String {
 }
 
 /// Every trial of a study, in order.
-pub fn trials(store: &Store, study: &str) -> Result<Vec<TrialRecord>, TuneError> {
+pub fn trials(store: &Store, study: &str) -> Result<Vec<TrialRecord>, StoreError> {
     Ok(store
         .scan::<TrialRecord>(TRIALS, &format!("{study}/"))?
         .into_iter()
@@ -935,33 +935,25 @@ impl<E: Evaluator> Runner<E> {
                     .iter()
                     .find(|t| t.seq == *c)
                     .and_then(|t| t.command.clone());
-                match vals {
-                    Ok(v) if !v.is_empty() => {
-                        let (m, sd, n) = super::stats::mean_sd(&v);
-                        let h = if n > 1 && sd.is_finite() {
-                            super::stats::t95((n - 1) as f64) * sd / (n as f64).sqrt()
-                        } else {
-                            f64::INFINITY
-                        };
-                        Comparison {
-                            candidate: *c,
-                            command,
-                            diff: Some(Diff {
-                                mean_a: m,
-                                mean_b: 0.0,
-                                diff: m,
-                                low: m - h,
-                                high: m + h,
-                                pct: f64::NAN,
-                                pct_low: f64::NAN,
-                                pct_high: f64::NAN,
-                                n_a: n,
-                                n_b: 0,
-                            }),
-                            disqualified: None,
-                        }
-                    }
-                    Ok(_) => Comparison {
+                match vals.map(|v| (super::stats::mean_interval(&v), v.len())) {
+                    Ok((Some((m, h)), n)) => Comparison {
+                        candidate: *c,
+                        command,
+                        diff: Some(Diff {
+                            mean_a: m,
+                            mean_b: 0.0,
+                            diff: m,
+                            low: m - h,
+                            high: m + h,
+                            pct: f64::NAN,
+                            pct_low: f64::NAN,
+                            pct_high: f64::NAN,
+                            n_a: n,
+                            n_b: 0,
+                        }),
+                        disqualified: None,
+                    },
+                    Ok((None, _)) => Comparison {
                         candidate: *c,
                         command,
                         diff: None,

@@ -12,7 +12,7 @@ use rand::Rng;
 
 use super::{ranked, rng_for, Obs, Optimizer, Proposal};
 use crate::space::Space;
-use crate::tune::encode::{arity, decode, encode, random_config, random_coord, Coord};
+use crate::tune::encode::{arity, decode, encode, random_config, random_coord, random_unit, Coord};
 use crate::tune::stats::cdf;
 
 /// Random trials (after the baselines) before the model is used.
@@ -117,15 +117,8 @@ impl Density {
             Density::Num { mus, sigmas } => {
                 let j = rng.random_range(0..=mus.len());
                 if j == mus.len() {
-                    // The prior component (with its mass at the bounds, see `random_coord`).
-                    let r: f64 = rng.random_range(0.0..1.0);
-                    return Coord::Num(if r < 0.125 {
-                        0.0
-                    } else if r < 0.25 {
-                        1.0
-                    } else {
-                        rng.random_range(0.0..=1.0)
-                    });
+                    // The prior component (with its mass at the bounds).
+                    return Coord::Num(random_unit(rng));
                 }
                 let normal = rand_distr::Normal::new(mus[j], sigmas[j]).expect("sigma > 0");
                 for _ in 0..100 {
