@@ -4,6 +4,7 @@
 //! See ARCHITECTURE.md for the map of modules and their invariants.
 
 pub mod bench;
+pub mod daemon;
 pub mod demo;
 pub mod engine;
 pub mod mock;

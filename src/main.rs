@@ -107,6 +107,49 @@ enum Command {
         #[arg(long, default_value_t = 400)]
         grid_cap: usize,
     },
+    /// Run the daemon: keeps the configured studies tuned, serves the status API.
+    Daemon {
+        /// The daemon's config file (TOML).
+        #[arg(long, default_value = "/etc/servetune/config.toml")]
+        config: std::path::PathBuf,
+    },
+    /// The daemon's status: the running study and trial, best so far, queue, time left.
+    Status {
+        #[command(flatten)]
+        client: servetune::daemon::client::ClientArgs,
+    },
+    /// The daemon's studies.
+    Studies {
+        #[command(flatten)]
+        client: servetune::daemon::client::ClientArgs,
+    },
+    /// Queue a study on the daemon (warm-started from the previous study of that name).
+    Submit {
+        study: std::path::PathBuf,
+        /// Do not start from the previous study's best configurations.
+        #[arg(long)]
+        cold: bool,
+        #[command(flatten)]
+        client: servetune::daemon::client::ClientArgs,
+    },
+    /// Cancel a daemon study (its engine is torn down first).
+    Cancel {
+        study: String,
+        #[command(flatten)]
+        client: servetune::daemon::client::ClientArgs,
+    },
+    /// Pause a daemon study; `resume` puts it back in the queue.
+    Pause {
+        study: String,
+        #[command(flatten)]
+        client: servetune::daemon::client::ClientArgs,
+    },
+    /// Resume a paused daemon study.
+    Resume {
+        study: String,
+        #[command(flatten)]
+        client: servetune::daemon::client::ClientArgs,
+    },
     /// Install a real engine and its assets into the cache.
     Setup {
         #[command(subcommand)]
@@ -317,6 +360,43 @@ fn main() -> ExitCode {
                     .await?
                     .map_err(anyhow::Error::msg)?;
                 print_out(&table)?;
+                Ok(0)
+            }
+            Command::Daemon { config } => match servetune::daemon::run(&config).await {
+                Ok(()) => Ok(0),
+                Err(e @ servetune::daemon::DaemonError::Config(_)) => {
+                    eprintln!("error: {e}");
+                    // EX_USAGE: systemd does not restart on it (RestartPreventExitStatus).
+                    Ok(64)
+                }
+                Err(e) => Err(e.into()),
+            },
+            Command::Status { client } => {
+                print_out(&servetune::daemon::client::status(&client).await?)?;
+                Ok(0)
+            }
+            Command::Studies { client } => {
+                print_out(&servetune::daemon::client::studies(&client).await?)?;
+                Ok(0)
+            }
+            Command::Submit {
+                study,
+                cold,
+                client,
+            } => {
+                print_out(&servetune::daemon::client::submit(&client, &study, cold).await?)?;
+                Ok(0)
+            }
+            Command::Cancel { study, client } => {
+                print_out(&servetune::daemon::client::control(&client, &study, "cancel").await?)?;
+                Ok(0)
+            }
+            Command::Pause { study, client } => {
+                print_out(&servetune::daemon::client::control(&client, &study, "pause").await?)?;
+                Ok(0)
+            }
+            Command::Resume { study, client } => {
+                print_out(&servetune::daemon::client::control(&client, &study, "resume").await?)?;
                 Ok(0)
             }
             Command::Demo(args) => {

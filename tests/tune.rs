@@ -556,6 +556,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
                 best_trial: None,
                 best_objective: None,
                 outcome: None,
+                warm_start: vec![],
             },
         )
         .unwrap();

@@ -70,6 +70,31 @@ pub const NONE: &str = "none";
 /// One point of the space: parameter name → value (inactive parameters are absent).
 pub type Config = BTreeMap<String, Value>;
 
+impl Param {
+    /// `v` as a value of this parameter: clamped into an integer or float range (on the
+    /// step grid), kept when it is one of the categories; `None` when it cannot be one.
+    pub fn fit(&self, v: &Value) -> Option<Value> {
+        match (&self.kind, v) {
+            (Kind::Int { min, max, step, .. }, Value::Int(x)) => {
+                let s = step.unwrap_or(1).max(1);
+                let x = (*x).clamp(*min, *max);
+                Some(Value::Int((min + (x - min) / s * s).clamp(*min, *max)))
+            }
+            (Kind::Float { min, max, .. }, Value::Float(x)) if x.is_finite() => {
+                Some(Value::Float(x.clamp(*min, *max)))
+            }
+            (Kind::Float { min, max, .. }, Value::Int(x)) => {
+                Some(Value::Float((*x as f64).clamp(*min, *max)))
+            }
+            (Kind::Categorical { values }, Value::Str(x)) if values.contains(x) => {
+                Some(v.clone())
+            }
+            (Kind::Bool, Value::Bool(_)) => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// A `when` condition on another parameter: one value, or any of several.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -734,6 +759,26 @@ impl Space {
         }
         self.repair(&mut cfg)?;
         Ok(cfg)
+    }
+
+    /// A configuration measured on another version of this space (or another space file),
+    /// carried over for a warm start: parameters this space lacks are dropped, those it adds
+    /// take their defaults, numbers outside the range are clamped and categories it does not
+    /// offer fall back to the default; then the constraints apply. `None` when they reject it.
+    pub fn carry_over(&self, cfg: &Config) -> Option<Config> {
+        let mut out = Config::new();
+        for p in &self.params {
+            if !self.active(p, &out) {
+                continue;
+            }
+            let v = cfg
+                .get(&p.name)
+                .and_then(|v| p.fit(v))
+                .unwrap_or_else(|| p.default.clone());
+            out.insert(p.name.clone(), v);
+        }
+        self.repair(&mut out).ok()?;
+        Some(out)
     }
 
     /// Drops values of parameters whose conditions no longer hold, in file order.

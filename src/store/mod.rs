@@ -93,6 +93,12 @@ impl Store {
         &self.path
     }
 
+    /// Writes everything buffered to disk (every `put` already does).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// Writes a JSON value and flushes it to disk.
     pub fn put<T: Serialize>(&self, tree: &str, key: &str, value: &T) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(value).expect("store records serialise");

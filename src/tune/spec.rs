@@ -318,6 +318,9 @@ pub struct Study {
     /// Each workload's parsed flags (aliases resolved), primary first.
     pub workloads: Vec<(String, BenchArgs)>,
     pub limits: Vec<LatencyLimit>,
+    /// The study's id in the store: its name, unless the daemon gave this run its own
+    /// (`<name>-<UTC time>`), so that every re-tune keeps its own trials.
+    pub run_id: Option<String>,
 }
 
 fn field(f: &str, msg: impl std::fmt::Display) -> TuneError {
@@ -354,6 +357,12 @@ impl Study {
 
     /// Parses and checks; `path` names the file in errors and anchors relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<Study, TuneError> {
+        Study::parse_in(text, path, None)
+    }
+
+    /// As `parse`; `spaces` is where search spaces are looked for when the study names no
+    /// `space_dir` and none sits beside the file (the daemon's `search_spaces`).
+    pub fn parse_in(text: &str, path: &Path, spaces: Option<&Path>) -> Result<Study, TuneError> {
         let spec: StudySpec = toml::from_str(text)
             .map_err(|e| TuneError::Spec(format!("{}: {e}", path.display())))?;
         let s = &spec;
@@ -522,11 +531,13 @@ impl Study {
             Some(d) if d.is_absolute() => d.clone(),
             Some(d) => base.join(d),
             None => [
-                base.join("../search-spaces"),
-                base.join("search-spaces"),
-                PathBuf::from("search-spaces"),
+                Some(base.join("../search-spaces")),
+                Some(base.join("search-spaces")),
+                spaces.map(Path::to_path_buf),
+                Some(PathBuf::from("search-spaces")),
             ]
             .into_iter()
+            .flatten()
             .find(|d| d.is_dir())
             .unwrap_or_else(|| PathBuf::from("search-spaces")),
         };
@@ -558,10 +569,11 @@ impl Study {
             workloads,
             limits,
             spec,
+            run_id: None,
         })
     }
 
     pub fn id(&self) -> &str {
-        &self.spec.study.name
+        self.run_id.as_deref().unwrap_or(&self.spec.study.name)
     }
 }

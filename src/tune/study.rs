@@ -55,6 +55,18 @@ pub struct StudyRecord {
     pub best_trial: Option<u32>,
     pub best_objective: Option<f64>,
     pub outcome: Option<Outcome>,
+    /// Configurations measured first after the baselines (a re-tune's warm start).
+    #[serde(default)]
+    pub warm_start: Vec<WarmStart>,
+}
+
+/// A configuration a re-tune measures first: an earlier study's best or top trial, carried
+/// over to the space of the engine version installed now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WarmStart {
+    pub config: Config,
+    /// Where it comes from (`study llama-20261201-030000 #7, recommended`).
+    pub from: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,6 +130,9 @@ pub struct TrialRecord {
     pub saved_s: f64,
     /// How many times it was started (more than 1 after an interruption).
     pub attempts: u32,
+    /// Seconds from spawning the engine to its first answered request.
+    #[serde(default)]
+    pub startup_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -202,6 +217,8 @@ pub struct Runner<E: Evaluator> {
     pub progress: Progress,
     /// Set to stop after tearing the current engine down; the study stays resumable.
     pub cancel: Arc<AtomicBool>,
+    /// A new study's warm start (stored with the study record when it is created).
+    pub warm: Vec<WarmStart>,
     optimizer: Box<dyn Optimizer + Send>,
 }
 
@@ -220,6 +237,7 @@ impl<E: Evaluator> Runner<E> {
             trigger: "manual".into(),
             progress: Box::new(|_| {}),
             cancel: Arc::new(AtomicBool::new(false)),
+            warm: Vec::new(),
             optimizer,
         }
     }
@@ -264,6 +282,16 @@ impl<E: Evaluator> Runner<E> {
             best_trial: None,
             best_objective: None,
             outcome: None,
+            warm_start: self
+                .warm
+                .iter()
+                .filter_map(|w| {
+                    Some(WarmStart {
+                        config: self.space.carry_over(&w.config)?,
+                        from: w.from.clone(),
+                    })
+                })
+                .collect(),
         };
         self.store.put(STUDIES, &id, &rec)?;
         Ok(rec)
@@ -291,6 +319,15 @@ impl<E: Evaluator> Runner<E> {
     /// Runs (or resumes) the study to the end.
     pub async fn run(&mut self) -> Result<StudyRecord, TuneError> {
         let mut rec = self.open()?;
+        if !rec.warm_start.is_empty() {
+            let spec = &self.study.spec.study;
+            let warm = rec
+                .warm_start
+                .iter()
+                .map(|w| (w.config.clone(), w.from.clone()))
+                .collect();
+            self.optimizer = opt::make_warm(spec.optimizer, &self.space, spec.seed, warm);
+        }
         if rec.phase == Phase::Search {
             self.search(&mut rec).await?;
         }
@@ -341,6 +378,7 @@ impl<E: Evaluator> Runner<E> {
             bench_s: 0.0,
             saved_s: 0.0,
             attempts: 1,
+            startup_s: None,
         }
     }
 
@@ -588,6 +626,7 @@ impl<E: Evaluator> Runner<E> {
         let dir = self.trial_dir(t.seq);
         let result: Result<(), TrialFailure> = async {
             let started = self.eval.start(&t.config, &dir).await?;
+            t.startup_s = Some(started.startup_s);
             t.command = Some(started.command);
             t.engine = Some(started.engine);
             t.engine_version = started.engine_version;
@@ -761,6 +800,7 @@ impl<E: Evaluator> Runner<E> {
             let fut = async {
                 let result: Result<(), TrialFailure> = async {
                     let started = self.eval.start(&t.config, &dir).await?;
+                    t.startup_s = Some(started.startup_s);
                     t.command = Some(started.command);
                     t.engine = Some(started.engine);
                     t.engine_version = started.engine_version;

@@ -92,6 +92,18 @@ pub trait Optimizer {
 
 /// Builds an optimiser.
 pub fn make(kind: Kind, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
+    make_warm(kind, space, seed, Vec::new())
+}
+
+/// Builds an optimiser that, after the baselines, proposes `warm` (configurations that were
+/// best before, with where they come from) before its own: a warm start. They enter the
+/// history like any trial, so the optimiser's model starts from them.
+pub fn make_warm(
+    kind: Kind,
+    space: &Space,
+    seed: u64,
+    warm: Vec<(Config, String)>,
+) -> Box<dyn Optimizer + Send> {
     let inner: Box<dyn Optimizer + Send> = match kind {
         Kind::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed)),
         Kind::Gp => Box::new(gp::Gp::new(space.clone(), seed)),
@@ -102,16 +114,18 @@ pub fn make(kind: Kind, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
     };
     Box::new(WithBaselines {
         baselines: space.baselines(),
+        warm,
         space: space.clone(),
         seed,
         inner,
     })
 }
 
-/// The baselines first; afterwards the inner optimiser, with a proposal that repeats an earlier
+/// The baselines first, then the warm-start points; afterwards the inner optimiser, with a proposal that repeats an earlier
 /// trial replaced by a fresh random point (a repeat teaches nothing).
 struct WithBaselines {
     baselines: Vec<Config>,
+    warm: Vec<(Config, String)>,
     space: Space,
     seed: u64,
     inner: Box<dyn Optimizer + Send>,
@@ -127,6 +141,17 @@ impl Optimizer for WithBaselines {
             return Ok(Proposal {
                 config: b.clone(),
                 note: "engine defaults (baseline)".into(),
+                expected_improvement: None,
+            });
+        }
+        if let Some((c, from)) = self
+            .warm
+            .iter()
+            .find(|(c, _)| !history.iter().any(|h| &h.config == c))
+        {
+            return Ok(Proposal {
+                config: c.clone(),
+                note: format!("warm start: {from}"),
                 expected_improvement: None,
             });
         }

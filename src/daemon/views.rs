@@ -1,0 +1,511 @@
+//! What the API and the status page show, computed from the store on every request (so a
+//! restarted daemon shows exactly what it showed before): the status, the studies, the best
+//! configurations for this node, and the Prometheus metrics.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use super::queue::{Job, JobState};
+use super::scheduler::rfc3339;
+use super::{Backend, Daemon, DaemonError, Intent};
+use crate::tune::study::{
+    self, BestRecord, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES,
+    TRIALS,
+};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrialView {
+    pub seq: u32,
+    pub kind: String,
+    pub note: String,
+    pub command: Option<String>,
+    pub running_s: f64,
+    pub attempts: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BestView {
+    pub trial: u32,
+    pub objective: f64,
+    pub metric: String,
+    /// The trial's command as one to serve with (port 8000).
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CurrentView {
+    pub study: String,
+    pub trigger: String,
+    /// `running`, or `pausing`/`cancelling`/`stopping` while the engine is torn down.
+    pub state: String,
+    /// search, remeasure, validate.
+    pub phase: Option<Phase>,
+    pub search_trials_done: usize,
+    pub search_budget: u32,
+    pub measurements_done: usize,
+    pub trial: Option<TrialView>,
+    pub best: Option<BestView>,
+    /// An estimate of the time the study still needs, and how it was made.
+    pub time_left_s: Option<f64>,
+    pub time_left_basis: String,
+    pub events: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueItem {
+    pub study: String,
+    pub state: JobState,
+    pub trigger: String,
+    pub submitted: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub node: String,
+    /// idle, tuning, stopping.
+    pub phase: String,
+    pub uptime_s: f64,
+    pub current: Option<CurrentView>,
+    /// Queued and paused studies, in the order they would run.
+    pub queue: Vec<QueueItem>,
+    pub schedule: String,
+    pub next_nightly: Option<String>,
+    pub next_probe: Option<String>,
+}
+
+/// One study, as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StudyView {
+    pub id: String,
+    pub name: Option<String>,
+    /// The queue state, or `manual` for a study run by `servetune tune`.
+    pub state: String,
+    pub trigger: String,
+    pub submitted: Option<String>,
+    pub started: Option<String>,
+    pub ended: Option<String>,
+    pub phase: Option<Phase>,
+    pub trials: usize,
+    pub search_trials: usize,
+    pub metric: Option<String>,
+    pub best_objective: Option<f64>,
+    pub verdict: Option<String>,
+    pub recommended_command: Option<String>,
+    pub error: Option<String>,
+}
+
+fn study_record(store: &crate::store::Store, id: &str) -> Result<Option<StudyRecord>, DaemonError> {
+    Ok(store.get::<StudyRecord>(STUDIES, id)?)
+}
+
+fn metric_of(rec: &StudyRecord) -> Option<String> {
+    let v: toml::Table = toml::from_str(&rec.spec_text).ok()?;
+    Some(
+        v.get("objective")
+            .and_then(|o| o.get("metric"))
+            .and_then(|m| m.as_str())
+            .unwrap_or("total_token_throughput")
+            .to_owned(),
+    )
+}
+
+fn kind_label(k: &TrialKind) -> String {
+    match k {
+        TrialKind::Search => "search".into(),
+        TrialKind::Remeasure { round, candidate } => {
+            format!("re-measure #{candidate} round {}", round + 1)
+        }
+        TrialKind::Validate {
+            workload,
+            round,
+            candidate,
+        } => format!("validate #{candidate} on {workload} round {}", round + 1),
+    }
+}
+
+fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, DaemonError> {
+    let (job, intent, events) = match d.current().as_ref() {
+        Some(c) => (c.job.clone(), c.intent, c.events.clone()),
+        None => return Ok(None),
+    };
+    let now = d.clock.now();
+    let rec = study_record(&d.store, &job.study)?;
+    let trials = study::trials(&d.store, &job.study)?;
+    let spec = crate::tune::spec::Study::parse_in(&job.spec_text, &job.spec_path, d.cfg.search_spaces.as_deref()).ok();
+    let budget = spec.as_ref().map(|s| s.spec.budget.trials).unwrap_or(0);
+    let search: Vec<&TrialRecord> = trials
+        .iter()
+        .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
+        .collect();
+    let trial = trials
+        .iter()
+        .rev()
+        .find(|t| t.status == TrialStatus::Running)
+        .map(|t| TrialView {
+            seq: t.seq,
+            kind: kind_label(&t.kind),
+            note: t.note.clone(),
+            command: t.command.clone(),
+            running_s: (now - t.started).max(0.0),
+            attempts: t.attempts,
+        });
+    let metric = rec.as_ref().and_then(metric_of).unwrap_or_default();
+    let best = rec.as_ref().and_then(|r| {
+        let seq = r.best_trial?;
+        let t = trials.iter().find(|t| t.seq == seq)?;
+        Some(BestView {
+            trial: seq,
+            objective: r.best_objective?,
+            metric: metric.clone(),
+            command: t.command.as_deref().map(study::serve_command),
+        })
+    });
+    let durations: Vec<f64> = search
+        .iter()
+        .filter_map(|t| Some(t.ended? - t.started))
+        .collect();
+    let phase = rec.as_ref().map(|r| r.phase);
+    let (time_left_s, basis) = match (phase, durations.is_empty()) {
+        (Some(Phase::Search), false) => {
+            let mean = durations.iter().sum::<f64>() / durations.len() as f64;
+            let left = budget.saturating_sub(search.len() as u32) as f64;
+            let mut est = left * mean;
+            let mut basis = format!(
+                "search: at most {left:.0} more trials × {mean:.0} s mean, then the re-measurement"
+            );
+            if let (Some(w), Some(r)) = (
+                spec.as_ref().and_then(|s| s.spec.budget.wall_time_s),
+                rec.as_ref(),
+            ) {
+                let wall_left = (r.created + w - now).max(0.0);
+                if wall_left < est {
+                    est = wall_left;
+                    basis = "search: the wall-time budget left, then the re-measurement".into();
+                }
+            }
+            (Some(est), basis)
+        }
+        (Some(Phase::Done), _) => (Some(0.0), "done".into()),
+        _ => (None, "not enough finished trials to estimate".into()),
+    };
+    Ok(Some(CurrentView {
+        study: job.study.clone(),
+        trigger: job.trigger.clone(),
+        state: match intent {
+            Intent::Run => "running",
+            Intent::Pause => "pausing",
+            Intent::Cancel => "cancelling",
+            Intent::Shutdown => "stopping",
+        }
+        .into(),
+        phase,
+        search_trials_done: search.len(),
+        search_budget: budget,
+        measurements_done: trials
+            .iter()
+            .filter(|t| t.status != TrialStatus::Running)
+            .count(),
+        trial,
+        best,
+        time_left_s,
+        time_left_basis: basis,
+        events,
+    }))
+}
+
+pub fn status<B: Backend>(d: &Daemon<B>) -> Result<Status, DaemonError> {
+    let current = current_view(d)?;
+    let queue = d
+        .queue
+        .all()?
+        .into_iter()
+        .filter(|j| matches!(j.state, JobState::Queued | JobState::Paused))
+        .map(|j| QueueItem {
+            study: j.study,
+            state: j.state,
+            trigger: j.trigger,
+            submitted: rfc3339(j.submitted),
+        })
+        .collect();
+    let next_nightly = *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner());
+    let next_probe = *d.next_probe.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(Status {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        node: d.backend.node(),
+        phase: if d.stopping() {
+            "stopping"
+        } else if current.is_some() {
+            "tuning"
+        } else {
+            "idle"
+        }
+        .to_owned(),
+        uptime_s: (d.clock.now() - d.started).max(0.0),
+        current,
+        queue,
+        schedule: d.cfg.schedule.expr().to_owned(),
+        next_nightly: next_nightly.map(|t| rfc3339(t as f64)),
+        next_probe: next_probe.map(rfc3339),
+    })
+}
+
+/// The status in one line (systemd's STATUS=).
+pub fn one_line_status<B: Backend>(d: &Daemon<B>) -> String {
+    match status(d) {
+        Ok(s) => match &s.current {
+            Some(c) => format!(
+                "tuning {}: {} trials of {}{}; {} waiting",
+                c.study,
+                c.search_trials_done,
+                c.search_budget,
+                c.best
+                    .as_ref()
+                    .map(|b| format!(", best {:.1} (#{})", b.objective, b.trial))
+                    .unwrap_or_default(),
+                s.queue.len()
+            ),
+            None => format!(
+                "idle; {} waiting; next nightly {}",
+                s.queue.len(),
+                s.next_nightly.as_deref().unwrap_or("-")
+            ),
+        },
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) -> StudyView {
+    let id = job
+        .map(|j| j.study.clone())
+        .or_else(|| rec.map(|r| r.id.clone()))
+        .unwrap_or_default();
+    let o = rec.and_then(|r| r.outcome.as_ref());
+    StudyView {
+        id,
+        name: job
+            .map(|j| j.name.clone())
+            .or_else(|| rec.and_then(|r| super::worker::study_name(&r.spec_text))),
+        state: job
+            .map(|j| j.state.label().to_owned())
+            .unwrap_or_else(|| "manual".into()),
+        trigger: job
+            .map(|j| j.trigger.clone())
+            .or_else(|| rec.map(|r| r.trigger.clone()))
+            .unwrap_or_default(),
+        submitted: job.map(|j| rfc3339(j.submitted)),
+        started: job.and_then(|j| j.started).map(rfc3339),
+        ended: job.and_then(|j| j.ended).map(rfc3339),
+        phase: rec.map(|r| r.phase),
+        trials: trials.len(),
+        search_trials: trials
+            .iter()
+            .filter(|t| t.kind == TrialKind::Search)
+            .count(),
+        metric: rec.and_then(metric_of),
+        best_objective: rec.and_then(|r| r.best_objective),
+        verdict: o.map(|o| o.verdict.clone()),
+        recommended_command: o.and_then(|o| o.recommended_command.clone()),
+        error: job.and_then(|j| j.error.clone()),
+    }
+}
+
+/// Every study: the daemon's runs in queue order, then studies run by `servetune tune`.
+pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Vec<StudyView>, DaemonError> {
+    let jobs = d.queue.all()?;
+    let recs: BTreeMap<String, StudyRecord> =
+        d.store.scan::<StudyRecord>(STUDIES, "")?.into_iter().collect();
+    let mut out = Vec::new();
+    for j in &jobs {
+        let ts = study::trials(&d.store, &j.study)?;
+        out.push(view(Some(j), recs.get(&j.study), &ts));
+    }
+    for (id, r) in &recs {
+        if !jobs.iter().any(|j| &j.study == id) {
+            let ts = study::trials(&d.store, id)?;
+            out.push(view(None, Some(r), &ts));
+        }
+    }
+    Ok(out)
+}
+
+/// One study with its record (`study`), its queue entry (`job`) and its summary (`view`).
+pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::Value, DaemonError> {
+    let job = d.queue.find(id)?;
+    let rec = study_record(&d.store, id)?;
+    if job.is_none() && rec.is_none() {
+        return Err(DaemonError::NotFound(format!("no study {id:?}")));
+    }
+    let ts = study::trials(&d.store, id)?;
+    Ok(serde_json::json!({
+        "view": view(job.as_ref(), rec.as_ref(), &ts),
+        "job": job.map(|mut j| { j.spec_text.clear(); j }),
+        "study": rec,
+    }))
+}
+
+pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialRecord>, DaemonError> {
+    if d.queue.find(id)?.is_none() && study_record(&d.store, id)?.is_none() {
+        return Err(DaemonError::NotFound(format!("no study {id:?}")));
+    }
+    Ok(study::trials(&d.store, id)?)
+}
+
+/// The best configurations for `model` (all models when `None`); this node's first.
+pub fn best<B: Backend>(
+    d: &Daemon<B>,
+    model: Option<&str>,
+) -> Result<serde_json::Value, DaemonError> {
+    let node = d.backend.node();
+    let mut best: Vec<BestRecord> = d
+        .store
+        .scan::<BestRecord>(BEST, "")?
+        .into_iter()
+        .map(|(_, b)| b)
+        .filter(|b| model.is_none_or(|m| b.model == m || b.model.ends_with(m)))
+        .collect();
+    best.sort_by_key(|b| (b.hardware != node, std::cmp::Reverse((b.at * 1000.0) as i64)));
+    let here = best.iter().find(|b| b.hardware == node);
+    Ok(serde_json::json!({
+        "node": node,
+        "model": model,
+        "command": here.and_then(|b| b.command.clone()),
+        "best": best,
+    }))
+}
+
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], values: &[f64]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    for b in bounds {
+        let n = values.iter().filter(|v| **v <= *b).count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", values.len());
+    let _ = writeln!(out, "{name}_sum {}", values.iter().sum::<f64>());
+    let _ = writeln!(out, "{name}_count {}", values.len());
+}
+
+/// `GET /metrics`, in Prometheus' text format (0.0.4).
+pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
+    let jobs = d.queue.all()?;
+    let trials: Vec<TrialRecord> = d
+        .store
+        .scan::<TrialRecord>(TRIALS, "")?
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    let mut s = String::new();
+    let _ = writeln!(s, "# HELP servetune_up Whether the daemon is serving.");
+    let _ = writeln!(s, "# TYPE servetune_up gauge\nservetune_up 1");
+    let waiting = jobs
+        .iter()
+        .filter(|j| matches!(j.state, JobState::Queued | JobState::Paused))
+        .count();
+    let _ = writeln!(
+        s,
+        "# HELP servetune_queue_length Studies waiting to run (queued or paused).\n# TYPE servetune_queue_length gauge\nservetune_queue_length {waiting}"
+    );
+    let running = d.current().is_some() as u8;
+    let _ = writeln!(
+        s,
+        "# HELP servetune_study_running Whether a study is being tuned now.\n# TYPE servetune_study_running gauge\nservetune_study_running {running}"
+    );
+    let _ = writeln!(
+        s,
+        "# HELP servetune_studies Daemon study runs by queue state.\n# TYPE servetune_studies gauge"
+    );
+    for st in [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Paused,
+        JobState::Cancelled,
+        JobState::Done,
+        JobState::Failed,
+    ] {
+        let n = jobs.iter().filter(|j| j.state == st).count();
+        let _ = writeln!(s, "servetune_studies{{state=\"{}\"}} {n}", st.label());
+    }
+    let _ = writeln!(
+        s,
+        "# HELP servetune_trials_total Finished engine runs (search, re-measurement, validation) by outcome.\n# TYPE servetune_trials_total counter"
+    );
+    for (label, st) in [
+        ("ok", TrialStatus::Ok),
+        ("infeasible", TrialStatus::Infeasible),
+        ("failed", TrialStatus::Failed),
+    ] {
+        let n = trials.iter().filter(|t| t.status == st).count();
+        let _ = writeln!(s, "servetune_trials_total{{outcome=\"{label}\"}} {n}");
+    }
+    let constraint = trials
+        .iter()
+        .filter(|t| t.status == TrialStatus::Infeasible)
+        .count();
+    let screened = trials
+        .iter()
+        .filter(|t| {
+            t.kind == TrialKind::Search && t.status == TrialStatus::Ok && !t.promoted
+        })
+        .count();
+    let _ = writeln!(
+        s,
+        "# HELP servetune_early_stops_total Trials stopped early: a constraint (success rate, SLO) missed, or not promoted past screening.\n# TYPE servetune_early_stops_total counter\nservetune_early_stops_total{{reason=\"constraint\"}} {constraint}\nservetune_early_stops_total{{reason=\"screened_out\"}} {screened}"
+    );
+    let _ = writeln!(
+        s,
+        "# HELP servetune_best_objective The best objective of the latest study of each name.\n# TYPE servetune_best_objective gauge"
+    );
+    let mut latest: BTreeMap<String, StudyRecord> = BTreeMap::new();
+    for (_, r) in d.store.scan::<StudyRecord>(STUDIES, "")? {
+        let name = super::worker::study_name(&r.spec_text).unwrap_or_else(|| r.id.clone());
+        if latest.get(&name).is_none_or(|o| o.created < r.created) {
+            latest.insert(name, r);
+        }
+    }
+    for (name, r) in &latest {
+        if let Some(v) = r.best_objective {
+            let _ = writeln!(
+                s,
+                "servetune_best_objective{{study=\"{}\",run=\"{}\",metric=\"{}\"}} {v}",
+                esc(name),
+                esc(&r.id),
+                esc(&metric_of(r).unwrap_or_default())
+            );
+        }
+    }
+    let durations: Vec<f64> = trials
+        .iter()
+        .filter_map(|t| Some((t.ended? - t.started).max(0.0)))
+        .collect();
+    histogram(
+        &mut s,
+        "servetune_trial_duration_seconds",
+        "Wall time of finished trials (launch, benchmark runs, teardown).",
+        &[10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0],
+        &durations,
+    );
+    let launches: Vec<f64> = trials.iter().filter_map(|t| t.startup_s).collect();
+    histogram(
+        &mut s,
+        "servetune_launch_duration_seconds",
+        "Seconds from spawning an engine to its first answered request.",
+        &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0],
+        &launches,
+    );
+    if let Some(t) = *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner()) {
+        let _ = writeln!(
+            s,
+            "# HELP servetune_next_nightly_timestamp_seconds When the next nightly re-tune is due.\n# TYPE servetune_next_nightly_timestamp_seconds gauge\nservetune_next_nightly_timestamp_seconds {t}"
+        );
+    }
+    Ok(s)
+}

@@ -1,0 +1,246 @@
+//! The worker thread: its own tokio runtime (a study's futures stay on it), running the
+//! scheduler loop and the job loop side by side. The job loop takes the next study from the
+//! queue, runs it to the end (or until it is paused, cancelled or the daemon stops), records
+//! the outcome in the queue and writes the report under `<state>/reports/`.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::queue::{Job, JobState};
+use super::{scheduler, Backend, Current, Daemon, DaemonError, Intent};
+use crate::tune::opt;
+use crate::tune::spec::Study;
+use crate::tune::study::{self, Phase, StudyRecord, TrialKind, WarmStart, STUDIES};
+use crate::tune::TuneError;
+use crate::util::unix_now;
+
+/// How many progress lines the status keeps.
+const EVENTS: usize = 20;
+
+/// The worker thread's body: returns once the daemon stops and the engine is down.
+pub fn thread<B: Backend>(d: Arc<Daemon<B>>) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("servetune-study")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start the worker's runtime: {e}");
+            return;
+        }
+    };
+    rt.block_on(async {
+        tokio::join!(scheduler::run(&d), jobs(&d));
+    });
+}
+
+async fn jobs<B: Backend>(d: &Arc<Daemon<B>>) {
+    while !d.stopping() {
+        match d.queue.next() {
+            Ok(Some(job)) => {
+                if let Err(e) = run_job(d, job).await {
+                    tracing::error!("queue: {e}");
+                    tokio::time::sleep(d.tick).await;
+                }
+            }
+            Ok(None) => {
+                tokio::select! {
+                    _ = d.wake.notified() => {}
+                    _ = tokio::time::sleep(d.tick) => {}
+                }
+            }
+            Err(e) => {
+                tracing::error!("queue: {e}");
+                tokio::time::sleep(d.tick).await;
+            }
+        }
+    }
+}
+
+async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonError> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let resumed = job.state == JobState::Running;
+    // `current` first: a control request from now on reaches the runner, not the queue.
+    let mut running = job.clone();
+    running.state = JobState::Running;
+    *d.current() = Some(Current {
+        job: running,
+        cancel: cancel.clone(),
+        intent: Intent::Run,
+        events: Vec::new(),
+    });
+    let marked = d.queue.update(&job.study, |j| {
+        j.state = JobState::Running;
+        j.started.get_or_insert(unix_now());
+        Ok(())
+    });
+    let job = match marked {
+        Ok(j) => j,
+        Err(e) => {
+            d.current().take();
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        "{} study {} ({})",
+        if resumed { "resuming" } else { "starting" },
+        job.study,
+        job.trigger
+    );
+    let result = execute(d, &job, cancel).await;
+    let intent = d
+        .current()
+        .take()
+        .map(|c| c.intent)
+        .unwrap_or(Intent::Run);
+    let (state, error) = match &result {
+        Ok(_) => (JobState::Done, None),
+        Err(TuneError::Interrupted) => match intent {
+            Intent::Pause => (JobState::Paused, None),
+            Intent::Cancel => (JobState::Cancelled, None),
+            // Stopping: it stays running and resumes at the next start.
+            Intent::Shutdown | Intent::Run => (JobState::Running, None),
+        },
+        Err(e) => (JobState::Failed, Some(e.to_string())),
+    };
+    tracing::info!(
+        "study {}: {}{}",
+        job.study,
+        state.label(),
+        error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+    );
+    d.queue.update(&job.study, |j| {
+        j.state = state;
+        if state.finished() {
+            j.ended = Some(unix_now());
+        }
+        j.error = error.clone();
+        Ok(())
+    })?;
+    if let Ok(rec) = &result {
+        write_reports(d, rec);
+    }
+    Ok(())
+}
+
+async fn execute<B: Backend>(
+    d: &Arc<Daemon<B>>,
+    job: &Job,
+    cancel: Arc<AtomicBool>,
+) -> Result<StudyRecord, TuneError> {
+    let mut study = Study::parse_in(&job.spec_text, &job.spec_path, d.cfg.search_spaces.as_deref())?;
+    study.run_id = Some(job.study.clone());
+    let mut runner = d
+        .backend
+        .runner(study, d.store.clone(), d.cfg.state_dir.join("trials"))
+        .await?;
+    runner.trigger = job.trigger.clone();
+    runner.cancel = cancel;
+    if job.warm {
+        runner.warm = warm_start(&d.store, &job.name, &job.study, d.cfg.warm_top)?;
+        if !runner.warm.is_empty() {
+            tracing::info!(
+                "study {}: warm start from {} earlier configurations",
+                job.study,
+                runner.warm.len()
+            );
+        }
+    }
+    let d2 = d.clone();
+    let id = job.study.clone();
+    runner.progress = Box::new(move |line: &str| {
+        tracing::info!("study {id}: {line}");
+        d2.notifier
+            .status(&format!("study {id}: {}", crate::util::excerpt(line, 160)));
+        if let Some(c) = d2.current().as_mut() {
+            c.events.push(line.to_owned());
+            let n = c.events.len();
+            if n > EVENTS {
+                c.events.drain(..n - EVENTS);
+            }
+        }
+    });
+    runner.run().await
+}
+
+/// The name in a stored study file (`study.name`).
+pub fn study_name(spec_text: &str) -> Option<String> {
+    let v: toml::Table = toml::from_str(spec_text).ok()?;
+    v.get("study")?.get("name")?.as_str().map(str::to_owned)
+}
+
+/// The configurations a re-tune of `name` measures first: the latest finished study of that
+/// name (other than `except`), its recommendation and its `top` best search trials.
+pub fn warm_start(
+    store: &crate::store::Store,
+    name: &str,
+    except: &str,
+    top: usize,
+) -> Result<Vec<WarmStart>, TuneError> {
+    let prev = store
+        .scan::<StudyRecord>(STUDIES, "")?
+        .into_iter()
+        .map(|(_, r)| r)
+        .filter(|r| {
+            r.id != except && r.phase == Phase::Done && study_name(&r.spec_text).as_deref() == Some(name)
+        })
+        .max_by(|a, b| a.created.total_cmp(&b.created));
+    let Some(prev) = prev else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut seen = HashSet::new();
+    if let Some(o) = &prev.outcome {
+        if let (Some(cfg), Some(n)) = (&o.recommended_config, o.recommended) {
+            seen.insert(opt::key(cfg));
+            out.push(WarmStart {
+                config: cfg.clone(),
+                from: format!("study {} #{n}, recommended", prev.id),
+            });
+        }
+    }
+    let mut search: Vec<_> = study::trials(store, &prev.id)?
+        .into_iter()
+        .filter(|t| t.kind == TrialKind::Search && t.objective.is_some())
+        .collect();
+    search.sort_by(|a, b| {
+        b.objective
+            .unwrap_or(0.0)
+            .total_cmp(&a.objective.unwrap_or(0.0))
+    });
+    for t in search {
+        if out.len() >= top {
+            break;
+        }
+        if seen.insert(opt::key(&t.config)) {
+            out.push(WarmStart {
+                config: t.config,
+                from: format!(
+                    "study {} #{} ({:.1})",
+                    prev.id,
+                    t.seq,
+                    t.objective.unwrap_or(0.0)
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn write_reports<B: Backend>(d: &Daemon<B>, rec: &StudyRecord) {
+    let dir = d.cfg.state_dir.join("reports");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        tracing::warn!("cannot create {}: {e}", dir.display());
+        return;
+    }
+    for (fmt, ext) in [("md", "md"), ("html", "html")] {
+        let path = dir.join(format!("{}.{ext}", rec.id));
+        match crate::report::render(&d.store, &rec.id, fmt, Some(&path)) {
+            Ok(_) => tracing::info!("study {}: report {}", rec.id, path.display()),
+            Err(e) => tracing::warn!("study {}: report: {e}", rec.id),
+        }
+    }
+}
