@@ -184,7 +184,10 @@ async fn best<B: Backend>(
 
 async fn metrics<B: Backend>(State(d): St<B>) -> ApiResult<Response> {
     Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         views::metrics(&d)?,
     )
         .into_response())

@@ -17,7 +17,11 @@ pub struct ClientArgs {
     #[arg(long, env = "SERVETUNE_URL", default_value = "http://127.0.0.1:7878")]
     pub url: String,
     /// The file holding the API token (for requests that change something).
-    #[arg(long, env = "SERVETUNE_TOKEN_FILE", default_value = "/var/lib/servetune/token")]
+    #[arg(
+        long,
+        env = "SERVETUNE_TOKEN_FILE",
+        default_value = "/var/lib/servetune/token"
+    )]
     pub token_file: PathBuf,
     /// Print the daemon's JSON as it is.
     #[arg(long)]
@@ -103,7 +107,12 @@ pub fn status_text(s: &Status) -> String {
             }
             match c.time_left_s {
                 Some(t) => {
-                    let _ = writeln!(o, "  time left: about {:.0} min ({})", t / 60.0, c.time_left_basis);
+                    let _ = writeln!(
+                        o,
+                        "  time left: about {:.0} min ({})",
+                        t / 60.0,
+                        c.time_left_basis
+                    );
                 }
                 None => {
                     let _ = writeln!(o, "  time left: {}", c.time_left_basis);
@@ -126,7 +135,11 @@ pub fn status_text(s: &Status) -> String {
 }
 
 pub async fn studies(a: &ClientArgs) -> anyhow::Result<String> {
-    let body = send(client()?.get(format!("{}/v1/studies", base(&a.url))), &a.url).await?;
+    let body = send(
+        client()?.get(format!("{}/v1/studies", base(&a.url))),
+        &a.url,
+    )
+    .await?;
     if a.json {
         return Ok(body + "\n");
     }

@@ -144,8 +144,13 @@ impl DaemonConfig {
             d.state_dir
                 .unwrap_or_else(|| PathBuf::from("/var/lib/servetune")),
         );
-        std::fs::create_dir_all(&state_dir)
-            .map_err(|e| bad(path, "daemon.state_dir", format!("{}: {e}", state_dir.display())))?;
+        std::fs::create_dir_all(&state_dir).map_err(|e| {
+            bad(
+                path,
+                "daemon.state_dir",
+                format!("{}: {e}", state_dir.display()),
+            )
+        })?;
         let probe = state_dir.join(".servetune-write-check");
         std::fs::write(&probe, b"")
             .and_then(|_| std::fs::remove_file(&probe))
@@ -221,9 +226,8 @@ impl DaemonConfig {
         for (i, s) in raw.study.into_iter().enumerate() {
             let file = anchor(s.file);
             let field = format!("study[{i}].file");
-            let text = std::fs::read_to_string(&file).map_err(|e| {
-                bad(path, &field, format!("cannot read {}: {e}", file.display()))
-            })?;
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| bad(path, &field, format!("cannot read {}: {e}", file.display())))?;
             let study = Study::parse_in(&text, &file, search_spaces.as_deref())
                 .map_err(|e| bad(path, &field, chain(&e)))?;
             if !names.insert(study.id().to_owned()) {
@@ -264,19 +268,20 @@ impl DaemonConfig {
     pub fn token(&self) -> Result<String, DaemonError> {
         if !self.token_file.exists() && !self.token_file_given {
             let token = random_token();
-            token.and_then(|t| write_private(&self.token_file, &t).map(|_| t)).map_err(|e| {
-                DaemonError::Config(format!(
-                    "cannot create the token file {}: {e}",
-                    self.token_file.display()
-                ))
-            })?;
+            token
+                .and_then(|t| write_private(&self.token_file, &t).map(|_| t))
+                .map_err(|e| {
+                    DaemonError::Config(format!(
+                        "cannot create the token file {}: {e}",
+                        self.token_file.display()
+                    ))
+                })?;
             tracing::info!(
                 "created the API token in {} (readable by this user only)",
                 self.token_file.display()
             );
         }
-        read_token(&self.token_file)
-            .map_err(|m| bad(&self.path, "daemon.token_file", m))
+        read_token(&self.token_file).map_err(|m| bad(&self.path, "daemon.token_file", m))
     }
 }
 
@@ -292,8 +297,8 @@ pub fn read_token(path: &Path) -> Result<String, String> {
             meta.permissions().mode() & 0o777
         ));
     }
-    let text =
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let token = text.trim();
     if token.len() < 16 || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err(format!(

@@ -394,8 +394,8 @@ pub async fn serve<B: Backend>(
     tracing::info!("stopping: tearing the running engine down");
     d.begin_shutdown();
     let limit = Duration::from_secs_f64(d.cfg.stop_timeout_s);
-    let joined = tokio::time::timeout(limit, tokio::task::spawn_blocking(move || worker.join()))
-        .await;
+    let joined =
+        tokio::time::timeout(limit, tokio::task::spawn_blocking(move || worker.join())).await;
     if joined.is_err() {
         tracing::error!(
             "the worker did not stop within {:.0} s; killing the engines it started",
@@ -407,7 +407,14 @@ pub async fn serve<B: Backend>(
         w.abort();
     }
     let _ = http_stop_tx.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), http).await;
+    // Connections still open after this are cut: the process is about to exit.
+    let mut http = http;
+    if tokio::time::timeout(Duration::from_secs(5), &mut http)
+        .await
+        .is_err()
+    {
+        http.abort();
+    }
     d.store.flush()?;
     tracing::info!("stopped");
     match joined {

@@ -88,10 +88,7 @@ mod tests {
         let path = dir.path().join("notify");
         let server = UnixDatagram::bind(&path).unwrap();
         let n = Notifier {
-            socket: Some((
-                UnixDatagram::unbound().unwrap(),
-                path.display().to_string(),
-            )),
+            socket: Some((UnixDatagram::unbound().unwrap(), path.display().to_string())),
             watchdog: None,
         };
         n.ready("idle\nnext");

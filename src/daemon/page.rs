@@ -23,11 +23,12 @@ fn chart<B: Backend>(
     st: &Status,
     list: &[StudyView],
 ) -> Result<Option<(String, String)>, DaemonError> {
-    let id = st
-        .current
-        .as_ref()
-        .map(|c| c.study.clone())
-        .or_else(|| list.iter().rev().find(|s| s.trials > 0).map(|s| s.id.clone()));
+    let id = st.current.as_ref().map(|c| c.study.clone()).or_else(|| {
+        list.iter()
+            .rev()
+            .find(|s| s.trials > 0)
+            .map(|s| s.id.clone())
+    });
     let Some(id) = id else { return Ok(None) };
     let trials: Vec<_> = study::trials(&d.store, &id)?
         .into_iter()
@@ -136,7 +137,11 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
                 );
             }
             if !c.events.is_empty() {
-                let _ = write!(h, "<pre id=\"events\">{}</pre>\n", esc(&c.events.join("\n")));
+                let _ = write!(
+                    h,
+                    "<pre id=\"events\">{}</pre>\n",
+                    esc(&c.events.join("\n"))
+                );
             }
         }
         None => h.push_str("<h2>Now: idle</h2>\n"),
@@ -152,7 +157,9 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
     if st.queue.is_empty() {
         h.push_str("<p class=\"muted\">empty</p>\n");
     } else {
-        h.push_str("<table><tr><th>study</th><th>state</th><th>trigger</th><th>submitted</th></tr>\n");
+        h.push_str(
+            "<table><tr><th>study</th><th>state</th><th>trigger</th><th>submitted</th></tr>\n",
+        );
         for q in &st.queue {
             let _ = writeln!(
                 h,

@@ -39,7 +39,10 @@ impl JobState {
     }
 
     pub fn finished(self) -> bool {
-        matches!(self, JobState::Cancelled | JobState::Done | JobState::Failed)
+        matches!(
+            self,
+            JobState::Cancelled | JobState::Done | JobState::Failed
+        )
     }
 }
 

@@ -134,7 +134,11 @@ pub fn changes(old: &Probe, new: &Probe) -> Vec<String> {
     };
     for e in old.engines.keys().chain(new.engines.keys()) {
         let (a, b) = (old.engines.get(e), new.engines.get(e));
-        if a != b && !out.iter().any(|s: &String| s.starts_with(&format!("engine upgrade: {e} "))) {
+        if a != b
+            && !out
+                .iter()
+                .any(|s: &String| s.starts_with(&format!("engine upgrade: {e} ")))
+        {
             out.push(format!("engine upgrade: {e} {} → {}", v(a), v(b)));
         }
     }
@@ -143,7 +147,11 @@ pub fn changes(old: &Probe, new: &Probe) -> Vec<String> {
     }
     if old.driver != new.driver {
         let s = |d: &Option<String>| d.clone().unwrap_or_else(|| "none".into());
-        out.push(format!("driver change: {} → {}", s(&old.driver), s(&new.driver)));
+        out.push(format!(
+            "driver change: {} → {}",
+            s(&old.driver),
+            s(&new.driver)
+        ));
     }
     out
 }

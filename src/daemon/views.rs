@@ -134,7 +134,12 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
     let now = d.clock.now();
     let rec = study_record(&d.store, &job.study)?;
     let trials = study::trials(&d.store, &job.study)?;
-    let spec = crate::tune::spec::Study::parse_in(&job.spec_text, &job.spec_path, d.cfg.search_spaces.as_deref()).ok();
+    let spec = crate::tune::spec::Study::parse_in(
+        &job.spec_text,
+        &job.spec_path,
+        d.cfg.search_spaces.as_deref(),
+    )
+    .ok();
     let budget = spec.as_ref().map(|s| s.spec.budget.trials).unwrap_or(0);
     let search: Vec<&TrialRecord> = trials
         .iter()
@@ -315,8 +320,11 @@ fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) ->
 /// Every study: the daemon's runs in queue order, then studies run by `servetune tune`.
 pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Vec<StudyView>, DaemonError> {
     let jobs = d.queue.all()?;
-    let recs: BTreeMap<String, StudyRecord> =
-        d.store.scan::<StudyRecord>(STUDIES, "")?.into_iter().collect();
+    let recs: BTreeMap<String, StudyRecord> = d
+        .store
+        .scan::<StudyRecord>(STUDIES, "")?
+        .into_iter()
+        .collect();
     let mut out = Vec::new();
     for j in &jobs {
         let ts = study::trials(&d.store, &j.study)?;
@@ -366,7 +374,12 @@ pub fn best<B: Backend>(
         .map(|(_, b)| b)
         .filter(|b| model.is_none_or(|m| b.model == m || b.model.ends_with(m)))
         .collect();
-    best.sort_by_key(|b| (b.hardware != node, std::cmp::Reverse((b.at * 1000.0) as i64)));
+    best.sort_by_key(|b| {
+        (
+            b.hardware != node,
+            std::cmp::Reverse((b.at * 1000.0) as i64),
+        )
+    });
     let here = best.iter().find(|b| b.hardware == node);
     Ok(serde_json::json!({
         "node": node,
@@ -452,9 +465,7 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         .count();
     let screened = trials
         .iter()
-        .filter(|t| {
-            t.kind == TrialKind::Search && t.status == TrialStatus::Ok && !t.promoted
-        })
+        .filter(|t| t.kind == TrialKind::Search && t.status == TrialStatus::Ok && !t.promoted)
         .count();
     let _ = writeln!(
         s,
@@ -490,7 +501,9 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         &mut s,
         "servetune_trial_duration_seconds",
         "Wall time of finished trials (launch, benchmark runs, teardown).",
-        &[10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0],
+        &[
+            10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+        ],
         &durations,
     );
     let launches: Vec<f64> = trials.iter().filter_map(|t| t.startup_s).collect();

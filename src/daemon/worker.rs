@@ -91,11 +91,7 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
         job.trigger
     );
     let result = execute(d, &job, cancel).await;
-    let intent = d
-        .current()
-        .take()
-        .map(|c| c.intent)
-        .unwrap_or(Intent::Run);
+    let intent = d.current().take().map(|c| c.intent).unwrap_or(Intent::Run);
     let (state, error) = match &result {
         Ok(_) => (JobState::Done, None),
         Err(TuneError::Interrupted) => match intent {
@@ -110,7 +106,10 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
         "study {}: {}{}",
         job.study,
         state.label(),
-        error.as_deref().map(|e| format!(": {e}")).unwrap_or_default()
+        error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
     );
     d.queue.update(&job.study, |j| {
         j.state = state;
@@ -131,7 +130,11 @@ async fn execute<B: Backend>(
     job: &Job,
     cancel: Arc<AtomicBool>,
 ) -> Result<StudyRecord, TuneError> {
-    let mut study = Study::parse_in(&job.spec_text, &job.spec_path, d.cfg.search_spaces.as_deref())?;
+    let mut study = Study::parse_in(
+        &job.spec_text,
+        &job.spec_path,
+        d.cfg.search_spaces.as_deref(),
+    )?;
     study.run_id = Some(job.study.clone());
     let mut runner = d
         .backend
@@ -185,7 +188,9 @@ pub fn warm_start(
         .into_iter()
         .map(|(_, r)| r)
         .filter(|r| {
-            r.id != except && r.phase == Phase::Done && study_name(&r.spec_text).as_deref() == Some(name)
+            r.id != except
+                && r.phase == Phase::Done
+                && study_name(&r.spec_text).as_deref() == Some(name)
         })
         .max_by(|a, b| a.created.total_cmp(&b.created));
     let Some(prev) = prev else {

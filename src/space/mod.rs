@@ -86,9 +86,7 @@ impl Param {
             (Kind::Float { min, max, .. }, Value::Int(x)) => {
                 Some(Value::Float((*x as f64).clamp(*min, *max)))
             }
-            (Kind::Categorical { values }, Value::Str(x)) if values.contains(x) => {
-                Some(v.clone())
-            }
+            (Kind::Categorical { values }, Value::Str(x)) if values.contains(x) => Some(v.clone()),
             (Kind::Bool, Value::Bool(_)) => Some(v.clone()),
             _ => None,
         }
