@@ -106,6 +106,13 @@ enum Command {
         /// The most trials a grid gets.
         #[arg(long, default_value_t = 400)]
         grid_cap: usize,
+        /// Instead: re-tunes after a change (engine upgrade, new GPU), cold against
+        /// warm-started from the study before the change.
+        #[arg(long)]
+        warm: bool,
+        /// How many top trials of the earlier study a warm start measures.
+        #[arg(long, default_value_t = 3)]
+        warm_top: usize,
     },
     /// Run the daemon: keeps the configured studies tuned, serves the status API.
     Daemon {
@@ -348,6 +355,8 @@ fn main() -> ExitCode {
                 optimum_samples,
                 only,
                 grid_cap,
+                warm,
+                warm_top,
             } => {
                 let opts = servetune::tune::bench::BenchOptions {
                     seeds,
@@ -356,7 +365,13 @@ fn main() -> ExitCode {
                     only,
                     grid_cap,
                 };
-                let table = tokio::task::spawn_blocking(move || servetune::tune::bench::run(&opts))
+                let table = tokio::task::spawn_blocking(move || {
+                    if warm {
+                        servetune::tune::bench::run_warm(&opts, warm_top)
+                    } else {
+                        servetune::tune::bench::run(&opts)
+                    }
+                })
                     .await?
                     .map_err(anyhow::Error::msg)?;
                 print_out(&table)?;

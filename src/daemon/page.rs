@@ -117,9 +117,9 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
                 }
             );
             if let Some(t) = &c.trial {
-                let _ = write!(
+                let _ = writeln!(
                     h,
-                    "<p>Trial #{} ({}, {:.0} s): {}</p>\n",
+                    "<p>Trial #{} ({}, {:.0} s): {}</p>",
                     t.seq,
                     esc(&t.kind),
                     t.running_s,
@@ -127,9 +127,9 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
                 );
             }
             if let Some(b) = &c.best {
-                let _ = write!(
+                let _ = writeln!(
                     h,
-                    "<p>Best so far: {:.2} {} (trial #{})</p><pre id=\"best-command\">{}</pre>\n",
+                    "<p>Best so far: {:.2} {} (trial #{})</p><pre id=\"best-command\">{}</pre>",
                     b.objective,
                     esc(&b.metric),
                     b.trial,
@@ -137,9 +137,9 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
                 );
             }
             if !c.events.is_empty() {
-                let _ = write!(
+                let _ = writeln!(
                     h,
-                    "<pre id=\"events\">{}</pre>\n",
+                    "<pre id=\"events\">{}</pre>",
                     esc(&c.events.join("\n"))
                 );
             }

@@ -242,9 +242,21 @@ fn trajectory(
     n: usize,
     truths: &mut HashMap<String, Option<f64>>,
 ) -> Vec<f64> {
+    trajectory_warm(l, kind, seed, n, truths, Vec::new()).0
+}
+
+/// As `trajectory`, with a warm start (measured after the baselines); also the history.
+fn trajectory_warm(
+    l: &Landscape,
+    kind: Kind,
+    seed: u64,
+    n: usize,
+    truths: &mut HashMap<String, Option<f64>>,
+    warm: Vec<(Config, String)>,
+) -> (Vec<f64>, Vec<Obs>) {
     let mut o = Oracle::new(l, seed);
     std::mem::swap(&mut o.cache, truths);
-    let mut opt = opt::make(kind, &l.space, seed);
+    let mut opt = opt::make_warm(kind, &l.space, seed, warm);
     let mut hist: Vec<Obs> = Vec::new();
     let mut out = Vec::new();
     let mut best: Option<(f64, Config)> = None;
@@ -261,7 +273,150 @@ fn trajectory(
         out.push(t);
     }
     std::mem::swap(&mut o.cache, truths);
-    out
+    (out, hist)
+}
+
+/// The best true value over the points in `truths` and a random sample of the space.
+fn optimum(l: &Landscape, truths: &mut HashMap<String, Option<f64>>, samples: usize) -> f64 {
+    let mut o = Oracle::new(l, 0);
+    std::mem::swap(&mut o.cache, truths);
+    let mut rng = opt::rng_for(0x0971, 0);
+    for _ in 0..samples {
+        if let Ok(c) = l.space.sample(&mut rng) {
+            o.truth(&c);
+        }
+    }
+    for c in opt::baseline::Grid::new(l.space.clone(), 0).configs().take(400) {
+        o.truth(c);
+    }
+    let best = o
+        .cache
+        .values()
+        .filter_map(|v| *v)
+        .fold(f64::NEG_INFINITY, f64::max);
+    std::mem::swap(&mut o.cache, truths);
+    best
+}
+
+/// Trials until the trajectory is within 2% of `optimum` (infinity if never).
+fn trials_to(r: &[f64], optimum: f64) -> f64 {
+    r.iter()
+        .position(|v| *v >= 0.98 * optimum)
+        .map(|i| (i + 1) as f64)
+        .unwrap_or(f64::INFINITY)
+}
+
+/// `servetune search-bench --warm`: a re-tune after a change (an engine upgrade with the same
+/// performance, a new GPU), cold against warm-started from the top `top` trials of a study
+/// before the change. Trials count every measurement, the warm-start ones included.
+pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
+    let ls = landscapes()?;
+    let base = &ls[1]; // vllm 3p, H100 8B, TPOT SLO, 5% noise
+    let six = &ls[2]; // vllm 6p, A100 32B, OOM region
+    let h200 = |l: &Landscape| -> Result<Landscape, String> {
+        Ok(Landscape {
+            name: String::new(),
+            space: l.space.clone(),
+            machine: Machine {
+                hw: Hardware::preset("h200", 16).ok_or("no h200 preset")?,
+                ..l.machine.clone()
+            },
+            workload: l.workload.clone(),
+            limits: l.limits.clone(),
+            noise: l.noise,
+        })
+    };
+    let same = |l: &Landscape| Landscape {
+        name: String::new(),
+        space: l.space.clone(),
+        machine: l.machine.clone(),
+        workload: l.workload.clone(),
+        limits: l.limits.clone(),
+        noise: l.noise,
+    };
+    let scenarios: Vec<(String, &Landscape, Landscape)> = vec![
+        (
+            "vllm 3p, H100 8B: engine upgrade, same performance".into(),
+            base,
+            same(base),
+        ),
+        ("vllm 3p, 8B: GPU change H100 → H200".into(), base, h200(base)?),
+        ("vllm 6p, 32B: GPU change A100 → H200".into(), six, h200(six)?),
+    ];
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| change | optimiser | cold: trials to 2% (median) | warm: trials to 2% (median) | cold gap @10 | warm gap @10 | warm faster on |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    for (name, before, after) in &scenarios {
+        if opts.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+            continue;
+        }
+        let mut truths_before = HashMap::new();
+        let mut truths = HashMap::new();
+        for kind in [Kind::Tpe, Kind::Gp] {
+            let mut cold_n = Vec::new();
+            let mut warm_n = Vec::new();
+            let mut cold_runs = Vec::new();
+            let mut warm_runs = Vec::new();
+            for seed in 0..opts.seeds {
+                // The study before the change, to its budget.
+                let (_, hist) =
+                    trajectory_warm(before, kind, seed, opts.budget, &mut truths_before, Vec::new());
+                let mut ranked: Vec<&Obs> = hist.iter().filter(|o| o.value.is_some()).collect();
+                ranked.sort_by(|a, b| b.value.unwrap_or(0.0).total_cmp(&a.value.unwrap_or(0.0)));
+                let warm: Vec<(Config, String)> = ranked
+                    .iter()
+                    .take(top)
+                    .filter_map(|o| Some((after.space.carry_over(&o.config)?, "before".into())))
+                    .collect();
+                let s2 = seed + 1000;
+                cold_runs.push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, Vec::new()).0);
+                warm_runs.push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, warm).0);
+            }
+            let best = optimum(after, &mut truths, opts.optimum_samples);
+            for (c, w) in cold_runs.iter().zip(&warm_runs) {
+                cold_n.push(trials_to(c, best));
+                warm_n.push(trials_to(w, best));
+            }
+            let faster = cold_n.iter().zip(&warm_n).filter(|(c, w)| w < c).count();
+            let gap = |runs: &[Vec<f64>]| {
+                median(
+                    runs.iter()
+                        .map(|r| {
+                            let v = r.get(9).or(r.last()).copied().unwrap_or(0.0);
+                            100.0 * (1.0 - v / best)
+                        })
+                        .collect(),
+                )
+            };
+            let fmt = |v: f64| {
+                if v.is_finite() {
+                    format!("{v:.0}")
+                } else {
+                    format!("> {}", opts.budget)
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} | {:.1}% | {:.1}% | {faster}/{} seeds |",
+                kind.name(),
+                fmt(median(cold_n.clone())),
+                fmt(median(warm_n.clone())),
+                gap(&cold_runs),
+                gap(&warm_runs),
+                opts.seeds
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "
+({} seeds, budget {} trials, warm start = the top {top} trials of the study before the change)",
+        opts.seeds, opts.budget
+    );
+    Ok(out)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

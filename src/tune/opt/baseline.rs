@@ -98,6 +98,11 @@ impl Grid {
         self.points.len()
     }
 
+    /// The grid's configurations, in its order.
+    pub fn configs(&self) -> impl Iterator<Item = &Config> {
+        self.points.iter().map(|(_, c)| c)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.points.is_empty()
     }
