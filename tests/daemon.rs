@@ -1087,3 +1087,59 @@ async fn the_status_page_renders_and_updates_itself_in_headless_chromium() {
     assert!(dom.contains(&id), "{dom}");
     h.stop().await.unwrap();
 }
+
+// ---- systemd's notification protocol ----
+
+#[test]
+fn the_daemon_tells_systemd_ready_watchdog_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[daemon]\nlisten = \"127.0.0.1:0\"\nstate_dir = \"state\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["daemon", "--config", config.to_str().unwrap()])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .env("WATCHDOG_USEC", "400000")
+        .env_remove("WATCHDOG_PID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let mut recv = || {
+        let n = sock
+            .recv(&mut buf)
+            .expect("no notification from the daemon");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let first = recv();
+    assert!(first.starts_with("READY=1\nSTATUS=idle"), "{first:?}");
+    // Pings at half the watchdog period while the worker is alive.
+    let t0 = Instant::now();
+    let mut pings = 0;
+    while pings < 2 {
+        if recv() == "WATCHDOG=1" {
+            pings += 1;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no watchdog pings");
+    }
+    sigterm(&child);
+    let t0 = Instant::now();
+    loop {
+        let m = recv();
+        if m.starts_with("STOPPING=1") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "no STOPPING=1");
+    }
+    assert!(child.wait().unwrap().success());
+}

@@ -280,9 +280,11 @@ impl<B: Backend> Daemon<B> {
             c.cancel.store(true, Ordering::Relaxed);
             return Ok(c.job.clone());
         }
-        drop(cur);
-        self.queue.update(study, |j| match (j.state, intent) {
-            (JobState::Queued, _) | (JobState::Paused, Intent::Cancel) => {
+        // Still holding `current`: the worker cannot take this job meanwhile, and it re-checks
+        // the state when it does. A `running` job that is not current was left by a stopped
+        // daemon and has not been picked up again yet.
+        let r = self.queue.update(study, |j| match (j.state, intent) {
+            (JobState::Queued | JobState::Running, _) | (JobState::Paused, Intent::Cancel) => {
                 j.state = if intent == Intent::Cancel {
                     JobState::Cancelled
                 } else {
@@ -297,7 +299,9 @@ impl<B: Backend> Daemon<B> {
                 "study {study} is {}; it cannot be {verb}",
                 s.label()
             )),
-        })
+        });
+        drop(cur);
+        r
     }
 
     fn beat(&self) {

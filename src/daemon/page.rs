@@ -137,11 +137,7 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
                 );
             }
             if !c.events.is_empty() {
-                let _ = writeln!(
-                    h,
-                    "<pre id=\"events\">{}</pre>",
-                    esc(&c.events.join("\n"))
-                );
+                let _ = writeln!(h, "<pre id=\"events\">{}</pre>", esc(&c.events.join("\n")));
             }
         }
         None => h.push_str("<h2>Now: idle</h2>\n"),

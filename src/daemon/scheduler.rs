@@ -161,6 +161,7 @@ async fn probe_all<B: Backend>(d: &Arc<Daemon<B>>) {
         if d.stopping() {
             return;
         }
+        d.beat();
         let name = &k.study.spec.study.name;
         let probe = match d.backend.probe(&k.study).await {
             Ok(p) => p,

@@ -73,12 +73,20 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
         events: Vec::new(),
     });
     let marked = d.queue.update(&job.study, |j| {
+        // Paused or cancelled between `next` and here: leave it.
+        if !matches!(j.state, JobState::Queued | JobState::Running) {
+            return Err(format!("study {} is {}", j.study, j.state.label()));
+        }
         j.state = JobState::Running;
         j.started.get_or_insert(unix_now());
         Ok(())
     });
     let job = match marked {
         Ok(j) => j,
+        Err(DaemonError::Conflict(_)) => {
+            d.current().take();
+            return Ok(());
+        }
         Err(e) => {
             d.current().take();
             return Err(e);

@@ -286,7 +286,10 @@ fn optimum(l: &Landscape, truths: &mut HashMap<String, Option<f64>>, samples: us
             o.truth(&c);
         }
     }
-    for c in opt::baseline::Grid::new(l.space.clone(), 0).configs().take(400) {
+    for c in opt::baseline::Grid::new(l.space.clone(), 0)
+        .configs()
+        .take(400)
+    {
         o.truth(c);
     }
     let best = o
@@ -340,8 +343,16 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
             base,
             same(base),
         ),
-        ("vllm 3p, 8B: GPU change H100 → H200".into(), base, h200(base)?),
-        ("vllm 6p, 32B: GPU change A100 → H200".into(), six, h200(six)?),
+        (
+            "vllm 3p, 8B: GPU change H100 → H200".into(),
+            base,
+            h200(base)?,
+        ),
+        (
+            "vllm 6p, 32B: GPU change A100 → H200".into(),
+            six,
+            h200(six)?,
+        ),
     ];
     let mut out = String::new();
     let _ = writeln!(
@@ -350,7 +361,11 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|");
     for (name, before, after) in &scenarios {
-        if opts.only.as_ref().is_some_and(|o| !name.contains(o.as_str())) {
+        if opts
+            .only
+            .as_ref()
+            .is_some_and(|o| !name.contains(o.as_str()))
+        {
             continue;
         }
         let mut truths_before = HashMap::new();
@@ -362,8 +377,14 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
             let mut warm_runs = Vec::new();
             for seed in 0..opts.seeds {
                 // The study before the change, to its budget.
-                let (_, hist) =
-                    trajectory_warm(before, kind, seed, opts.budget, &mut truths_before, Vec::new());
+                let (_, hist) = trajectory_warm(
+                    before,
+                    kind,
+                    seed,
+                    opts.budget,
+                    &mut truths_before,
+                    Vec::new(),
+                );
                 let mut ranked: Vec<&Obs> = hist.iter().filter(|o| o.value.is_some()).collect();
                 ranked.sort_by(|a, b| b.value.unwrap_or(0.0).total_cmp(&a.value.unwrap_or(0.0)));
                 let warm: Vec<(Config, String)> = ranked
@@ -372,7 +393,8 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
                     .filter_map(|o| Some((after.space.carry_over(&o.config)?, "before".into())))
                     .collect();
                 let s2 = seed + 1000;
-                cold_runs.push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, Vec::new()).0);
+                cold_runs
+                    .push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, Vec::new()).0);
                 warm_runs.push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, warm).0);
             }
             let best = optimum(after, &mut truths, opts.optimum_samples);
