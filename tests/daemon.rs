@@ -16,6 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::engines_with;
 use serde_json::Value as Json;
 use servetune::daemon::config::DaemonConfig;
 use servetune::daemon::scheduler::{Clock, ManualClock};
@@ -281,6 +284,12 @@ impl Api {
         )
     }
 
+    /// `POST /v1/studies/{id}/{action}` with the token.
+    async fn control(&self, id: &str, action: &str) -> (u16, Json) {
+        self.post(&format!("/v1/studies/{id}/{action}"), Some(&self.token), "")
+            .await
+    }
+
     async fn submit(&self, body: &str) -> String {
         let (code, j) = self.post("/v1/studies", Some(&self.token), body).await;
         assert_eq!(code, 201, "{j}");
@@ -307,6 +316,14 @@ impl Api {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Waits until `/v1/studies` lists `n` studies; returns the list.
+    async fn wait_studies(&self, n: usize, what: &str) -> Json {
+        self.wait_for("/v1/studies", what, |j| {
+            j.as_array().is_some_and(|a| a.len() == n)
+        })
+        .await
     }
 
     async fn wait_for<F: Fn(&Json) -> bool>(&self, path: &str, what: &str, f: F) -> Json {
@@ -546,26 +563,18 @@ async fn one_study_at_a_time_with_cancel_pause_resume_and_a_queue_that_survives_
     assert_eq!(queued, [b.as_str(), c.as_str()]);
 
     // Queued studies: pause one, cancel one; a cancelled one cannot be resumed.
-    let (code, j) = api
-        .post(&format!("/v1/studies/{b}/pause"), Some(&api.token), "")
-        .await;
+    let (code, j) = api.control(&b, "pause").await;
     assert_eq!((code, j["state"].as_str()), (200, Some("paused")), "{j}");
-    let (code, _) = api
-        .post(&format!("/v1/studies/{c}/cancel"), Some(&api.token), "")
-        .await;
+    let (code, _) = api.control(&c, "cancel").await;
     assert_eq!(code, 200);
-    let (code, j) = api
-        .post(&format!("/v1/studies/{c}/resume"), Some(&api.token), "")
-        .await;
+    let (code, j) = api.control(&c, "resume").await;
     assert_eq!(code, 409, "{j}");
     assert!(j["error"].as_str().unwrap().contains("cancelled"), "{j}");
     let (code, _) = api.post(&format!("/v1/studies/{a}/pause"), None, "").await;
     assert_eq!(code, 401);
 
     // The running one: paused once its engine is down; nothing else runs (b paused, c cancelled).
-    let (code, _) = api
-        .post(&format!("/v1/studies/{a}/pause"), Some(&api.token), "")
-        .await;
+    let (code, _) = api.control(&a, "pause").await;
     assert_eq!(code, 200);
     api.wait_state(&a, "paused").await;
     let before = api.get(&format!("/v1/studies/{a}/trials")).await.1;
@@ -581,13 +590,9 @@ async fn one_study_at_a_time_with_cancel_pause_resume_and_a_queue_that_survives_
     for (id, want) in [(&a, "paused"), (&b, "paused"), (&c, "cancelled")] {
         assert_eq!(api.state_of(id).await, want, "{id}");
     }
-    let (code, _) = api
-        .post(&format!("/v1/studies/{a}/resume"), Some(&api.token), "")
-        .await;
+    let (code, _) = api.control(&a, "resume").await;
     assert_eq!(code, 200);
-    let (code, _) = api
-        .post(&format!("/v1/studies/{b}/resume"), Some(&api.token), "")
-        .await;
+    let (code, _) = api.control(&b, "resume").await;
     assert_eq!(code, 200);
     api.wait_state(&a, "done").await;
     api.wait_state(&b, "done").await;
@@ -639,9 +644,7 @@ async fn the_nightly_schedule_fires_on_the_injected_clock_and_once_after_downtim
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(jobs(&api.get("/v1/studies").await.1), 0);
     f.clock.set(T0 + 18.0 * 3600.0); // 03:00:00
-    let list = api
-        .wait_for("/v1/studies", "a nightly study", |j| jobs(j) == 1)
-        .await;
+    let list = api.wait_studies(1, "a nightly study").await;
     assert_eq!(list[0]["trigger"], "nightly");
     let first = list[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(first, "nightly-20261204-030000");
@@ -658,9 +661,7 @@ async fn the_nightly_schedule_fires_on_the_injected_clock_and_once_after_downtim
     f.clock.set(T0 + (3.0 * 24.0 + 3.0) * 3600.0);
     let cfg = f.config(conf, &[("nightly", &body)]);
     let (_d, h, api) = f.start(cfg, SimBackend::new("0.10.1", 0)).await;
-    let list = api
-        .wait_for("/v1/studies", "the catch-up", |j| jobs(j) == 2)
-        .await;
+    let list = api.wait_studies(2, "the catch-up").await;
     let second = list[1]["id"].as_str().unwrap().to_owned();
     assert_eq!(list[1]["trigger"], "nightly");
     api.wait_state(&second, "done").await;
@@ -686,11 +687,7 @@ async fn an_engine_upgrade_triggers_a_warm_retune() {
     let backend = SimBackend::new("0.10.1", 0);
     let (d, h, api) = f.start(cfg, backend).await;
     // Never tuned: tuned at start (cold).
-    let list = api
-        .wait_for("/v1/studies", "the initial study", |j| {
-            j.as_array().unwrap().len() == 1
-        })
-        .await;
+    let list = api.wait_studies(1, "the initial study").await;
     assert_eq!(list[0]["trigger"], "initial");
     let first = list[0]["id"].as_str().unwrap().to_owned();
     api.wait_state(&first, "done").await;
@@ -702,11 +699,7 @@ async fn an_engine_upgrade_triggers_a_warm_retune() {
 
     *d.backend.version.lock().unwrap() = "0.11.0".into();
     f.clock.set(T0 + 122.0);
-    let list = api
-        .wait_for("/v1/studies", "the re-tune", |j| {
-            j.as_array().unwrap().len() == 2
-        })
-        .await;
+    let list = api.wait_studies(2, "the re-tune").await;
     assert_eq!(list[1]["trigger"], "engine upgrade: vllm 0.10.1 → 0.11.0");
     let second = list[1]["id"].as_str().unwrap().to_owned();
     api.wait_state(&second, "done").await;
@@ -791,30 +784,6 @@ args = ["--dataset-name", "random", "--random-input-len", "128", "--random-outpu
     let p = dir.join(format!("{name}.toml"));
     std::fs::write(&p, text).unwrap();
     p
-}
-
-/// Live (non-zombie) mock engines whose command line has `marker`.
-fn engines_with(marker: &str) -> Vec<String> {
-    let mut left = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let p = e.path();
-        let Ok(cmd) = std::fs::read(p.join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(p.join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()
-                    .map(|r| r.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(true);
-        if !zombie && cmd.contains("mock-engine") && cmd.contains(marker) {
-            left.push(cmd);
-        }
-    }
-    left
 }
 
 struct Proc {

@@ -7,6 +7,8 @@
 //!   killed, the interrupted trial runs again, no finished trial is lost.
 //! - Bad study files: errors name the field.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -362,25 +364,7 @@ args = ["--dataset-name", "random", "--random-input-len", "64", "--random-output
 
 /// No live (non-zombie) mock engine whose command line has `marker`.
 fn assert_no_engine_with(marker: &str) {
-    let mut left = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let p = e.path();
-        let Ok(cmd) = std::fs::read(p.join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        let zombie = std::fs::read_to_string(p.join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit(')')
-                    .next()
-                    .map(|r| r.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(true);
-        if !zombie && cmd.contains("mock-engine") && cmd.contains(marker) {
-            left.push(cmd);
-        }
-    }
+    let left = common::engines_with(marker);
     assert!(left.is_empty(), "engines left running: {left:?}");
 }
 

@@ -14,6 +14,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::util::{civil_from_days, days_from_civil};
+
 /// Why a cron expression was rejected.
 #[derive(Debug, thiserror::Error)]
 pub enum CronError {
@@ -273,31 +275,6 @@ fn parse_value(spec: &FieldSpec, text: &str, item: &str) -> Result<u32, CronErro
         });
     }
     Ok(value)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = i64::from((month + 9) % 12); // March = 0
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// (year, month, day) of a count of days since 1970-01-01 (Howard Hinnant).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// 0 = Sunday; 1970-01-01 was a Thursday.

@@ -72,3 +72,27 @@ pub async fn scripted_server(response: &'static [u8]) -> String {
 fn find(h: &[u8], n: &[u8]) -> Option<usize> {
     h.windows(n.len()).position(|w| w == n)
 }
+
+/// Live (non-zombie) mock engines whose command line contains `marker`.
+pub fn engines_with(marker: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let p = e.path();
+        let Ok(cmd) = std::fs::read(p.join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        let zombie = std::fs::read_to_string(p.join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(true);
+        if !zombie && cmd.contains("mock-engine") && cmd.contains(marker) {
+            left.push(cmd);
+        }
+    }
+    left
+}
