@@ -459,6 +459,7 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
         (404, "GET", "/v1/studies/none/report"),
         (404, "POST", "/v1/studies/none/cancel"),
         (404, "POST", "/v1/studies/none/explode"),
+        (400, "GET", "/v1/best?model=a&model=b"),
     ] {
         let r = api
             .http
@@ -938,6 +939,7 @@ fn a_bad_config_exits_64_naming_the_field_before_binding() {
     let cases = [
         ("[daemon]\nlisten = \"localhost\"\n", "daemon.listen"),
         ("[daemon]\nschedule = \"0 3 * *\"\n", "daemon.schedule"),
+        ("[daemon]\nschedule = \"0 0 30 2 *\"\n", "never fires"),
         (
             "[daemon]\nprobe_interval_s = 0\n",
             "daemon.probe_interval_s",

@@ -20,8 +20,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
@@ -128,15 +127,17 @@ async fn studies<B: Backend>(State(d): St<B>) -> ApiResult<Json<Vec<views::Study
 
 async fn study<B: Backend>(
     State(d): St<B>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    let Path(id) = id.map_err(path_error)?;
     Ok(Json(views::study_detail(&d, &id)?))
 }
 
 async fn trials<B: Backend>(
     State(d): St<B>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Json<Vec<crate::tune::study::TrialRecord>>> {
+    let Path(id) = id.map_err(path_error)?;
     Ok(Json(views::trials(&d, &id)?))
 }
 
@@ -147,9 +148,11 @@ struct ReportQuery {
 
 async fn report<B: Backend>(
     State(d): St<B>,
-    Path(id): Path<String>,
-    Query(q): Query<ReportQuery>,
+    id: Result<Path<String>, PathRejection>,
+    q: Result<Query<ReportQuery>, QueryRejection>,
 ) -> ApiResult<Response> {
+    let Path(id) = id.map_err(path_error)?;
+    let Query(q) = q.map_err(query_error)?;
     use crate::report::{self, ReportError};
     let data = report::build(&d.store, &id).map_err(|e| match e {
         ReportError::NoStudy(_) => ApiError(StatusCode::NOT_FOUND, e.to_string()),
@@ -177,8 +180,9 @@ struct BestQuery {
 
 async fn best<B: Backend>(
     State(d): St<B>,
-    Query(q): Query<BestQuery>,
+    q: Result<Query<BestQuery>, QueryRejection>,
 ) -> ApiResult<Json<serde_json::Value>> {
+    let Query(q) = q.map_err(query_error)?;
     Ok(Json(views::best(&d, q.model.as_deref())?))
 }
 
@@ -210,8 +214,13 @@ fn yes() -> bool {
     true
 }
 
-fn body_error(e: BytesRejection) -> ApiError {
-    ApiError(e.status(), format!("request body: {}", e.body_text()))
+/// A path or query axum could not parse, as a JSON error.
+fn path_error(e: PathRejection) -> ApiError {
+    ApiError(e.status(), format!("path: {}", e.body_text()))
+}
+
+fn query_error(e: QueryRejection) -> ApiError {
+    ApiError(e.status(), format!("query: {}", e.body_text()))
 }
 
 /// `POST /v1/studies`: the body is a study file (TOML), or JSON `{"study": "<TOML>", "warm":
@@ -219,10 +228,21 @@ fn body_error(e: BytesRejection) -> ApiError {
 async fn submit<B: Backend>(
     State(d): St<B>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<super::queue::Job>)> {
+    // The token first: an anonymous client never makes the daemon buffer a body.
     authorize(&d, &headers)?;
-    let body = body.map_err(body_error)?;
+    let body = axum::body::to_bytes(body, d.cfg.max_body_bytes)
+        .await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "request body: larger than {} bytes, or unreadable ({e})",
+                    d.cfg.max_body_bytes
+                ),
+            )
+        })?;
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "the body is not UTF-8".into()))?;
     let json = headers
@@ -263,10 +283,11 @@ fn redact(mut j: super::queue::Job) -> super::queue::Job {
 
 async fn control<B: Backend>(
     State(d): St<B>,
-    Path((id, action)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> ApiResult<Json<super::queue::Job>> {
     authorize(&d, &headers)?;
+    let Path((id, action)) = path.map_err(path_error)?;
     let job = match action.as_str() {
         "cancel" => d.cancel(&id)?,
         "pause" => d.pause(&id)?,

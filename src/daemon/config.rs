@@ -173,6 +173,16 @@ impl DaemonConfig {
 
         let sched_text = d.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);
         let schedule = Schedule::parse(sched_text).map_err(|e| bad(path, "daemon.schedule", e))?;
+        if schedule
+            .next_after(crate::util::unix_now() as i64)
+            .is_none()
+        {
+            return Err(bad(
+                path,
+                "daemon.schedule",
+                format!("{sched_text:?} never fires (no such date in the next five years)"),
+            ));
+        }
 
         let probe_interval_s = d.probe_interval_s.unwrap_or(3600.0);
         if !(probe_interval_s.is_finite() && probe_interval_s >= 10.0) {

@@ -214,7 +214,10 @@ impl<B: Backend> Daemon<B> {
     pub fn begin_shutdown(&self) {
         self.shutdown.store(true, Ordering::Relaxed);
         if let Some(c) = self.current().as_mut() {
-            c.intent = Intent::Shutdown;
+            // A pause or cancel already under way stays what it is.
+            if c.intent == Intent::Run {
+                c.intent = Intent::Shutdown;
+            }
             c.cancel.store(true, Ordering::Relaxed);
         }
         self.wake.notify_one();
@@ -398,13 +401,29 @@ pub async fn serve<B: Backend>(
     tracing::info!("stopping: tearing the running engine down");
     d.begin_shutdown();
     let limit = Duration::from_secs_f64(d.cfg.stop_timeout_s);
-    let joined =
-        tokio::time::timeout(limit, tokio::task::spawn_blocking(move || worker.join())).await;
-    if joined.is_err() {
-        tracing::error!(
-            "the worker did not stop within {:.0} s; killing the engines it started",
-            d.cfg.stop_timeout_s
-        );
+    // Joined on a plain thread: a worker that never stops must not keep the runtime (and so
+    // the process) from exiting.
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let _ = std::thread::Builder::new()
+        .name("servetune-join".into())
+        .spawn(move || {
+            let _ = done_tx.send(worker.join().is_ok());
+        });
+    let joined = tokio::time::timeout(limit, done_rx).await;
+    let outcome = match joined {
+        Ok(Ok(true)) => Ok(()),
+        Ok(_) => Err(DaemonError::Internal("the worker thread panicked".into())),
+        Err(_) => {
+            tracing::error!(
+                "the worker did not stop within {:.0} s; killing the engines it started",
+                d.cfg.stop_timeout_s
+            );
+            Err(DaemonError::Internal(
+                "the worker did not stop in time".into(),
+            ))
+        }
+    };
+    if outcome.is_err() {
         let _ = crate::engine::reap::reap(&d.store);
     }
     if let Some(w) = watchdog {
@@ -421,12 +440,7 @@ pub async fn serve<B: Backend>(
     }
     d.store.flush()?;
     tracing::info!("stopped");
-    match joined {
-        Ok(_) => Ok(()),
-        Err(_) => Err(DaemonError::Internal(
-            "the worker did not stop in time".into(),
-        )),
-    }
+    outcome
 }
 
 /// `servetune daemon --config FILE`: validates the config (status 64 if bad), binds, serves

@@ -46,6 +46,29 @@ impl Clock for ManualClock {
     }
 }
 
+/// The next nightly time, for the schedule it was computed from.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct NightlyPlan {
+    schedule: String,
+    next: Option<i64>,
+}
+
+fn save_plan<B: Backend>(d: &Daemon<B>, schedule: &str, next: Option<i64>) {
+    let plan = NightlyPlan {
+        schedule: schedule.to_owned(),
+        next,
+    };
+    if let Err(e) = d.store.put(DAEMON, NIGHTLY_NEXT, &plan) {
+        tracing::error!("scheduler: {e}");
+    }
+}
+
+async fn until_stopping<B: Backend>(d: &Daemon<B>) {
+    while !d.stopping() {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 fn probe_key(name: &str) -> String {
     format!("probe/{name}")
 }
@@ -55,11 +78,17 @@ pub async fn run<B: Backend>(d: &Arc<Daemon<B>>) {
     if let Err(e) = initial(d) {
         tracing::error!("scheduler: {e}");
     }
-    let mut next_nightly: Option<i64> = d.store.get(DAEMON, NIGHTLY_NEXT).ok().flatten();
-    if next_nightly.is_none() {
-        next_nightly = d.cfg.schedule.next_after(d.clock.now() as i64);
-        let _ = d.store.put(DAEMON, NIGHTLY_NEXT, &next_nightly);
-    }
+    // The stored plan counts only for the same expression: a changed schedule starts afresh.
+    let expr = d.cfg.schedule.expr().to_owned();
+    let stored: Option<NightlyPlan> = d.store.get(DAEMON, NIGHTLY_NEXT).ok().flatten();
+    let mut next_nightly = match stored {
+        Some(p) if p.schedule == expr => p.next,
+        _ => {
+            let next = d.cfg.schedule.next_after(d.clock.now() as i64);
+            save_plan(d, &expr, next);
+            next
+        }
+    };
     let mut next_probe = d.clock.now();
     while !d.stopping() {
         d.beat();
@@ -70,12 +99,14 @@ pub async fn run<B: Backend>(d: &Arc<Daemon<B>>) {
                 tracing::error!("nightly re-tune: {e}");
             }
             next_nightly = d.cfg.schedule.next_after(now as i64);
-            if let Err(e) = d.store.put(DAEMON, NIGHTLY_NEXT, &next_nightly) {
-                tracing::error!("scheduler: {e}");
-            }
+            save_plan(d, &expr, next_nightly);
         }
         if now >= next_probe {
-            probe_all(d).await;
+            // A probe (engines' --version/--help) can take a minute: a stop does not wait.
+            tokio::select! {
+                _ = probe_all(d) => {}
+                _ = until_stopping(d) => {}
+            }
             next_probe = now + d.cfg.probe_interval_s;
         }
         *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner()) = next_nightly;
@@ -112,17 +143,25 @@ fn initial<B: Backend>(d: &Daemon<B>) -> Result<(), DaemonError> {
 }
 
 fn nightly<B: Backend>(d: &Daemon<B>) -> Result<(), DaemonError> {
+    let mut first_error = None;
     for k in d.cfg.studies.iter().filter(|k| k.nightly) {
-        if d.queue.pending(&k.study.spec.study.name)? {
-            tracing::info!(
-                "nightly: study {} is already queued or running",
-                k.study.spec.study.name
-            );
-            continue;
+        let name = &k.study.spec.study.name;
+        // One study's failure does not cost the others their night.
+        let r = d.queue.pending(name).and_then(|pending| {
+            if pending {
+                tracing::info!("nightly: study {name} is already queued or running");
+                Ok(())
+            } else {
+                d.submit(&k.study, k.file.clone(), "nightly", true)
+                    .map(|_| ())
+            }
+        });
+        if let Err(e) = r {
+            tracing::error!("nightly: study {name}: {e}");
+            first_error.get_or_insert(e);
         }
-        d.submit(&k.study, k.file.clone(), "nightly", true)?;
     }
-    Ok(())
+    first_error.map_or(Ok(()), Err)
 }
 
 /// What changed between two probes, in words (`llamacpp 4100 → 4200`); empty if nothing.
@@ -178,25 +217,44 @@ async fn probe_all<B: Backend>(d: &Arc<Daemon<B>>) {
                 continue;
             }
         };
-        if let Err(e) = d.store.put(DAEMON, &key, &probe) {
-            tracing::error!("probe of study {name}: {e}");
-            continue;
-        }
-        let Some(old) = old else { continue };
-        let what = changes(&old, &probe);
-        if what.is_empty() {
-            continue;
-        }
-        let trigger = what.join("; ");
-        tracing::info!("study {name}: {trigger}");
-        match d.queue.pending(name) {
-            Ok(true) => tracing::info!("study {name} is already queued or running"),
-            Ok(false) => {
-                if let Err(e) = d.submit(&k.study, k.file.clone(), &trigger, true) {
-                    tracing::error!("study {name}: {e}");
+        // A version that could not be read (a slow `--version` under load) is not a change.
+        let mut probe = probe;
+        if let Some(old) = &old {
+            for (e, v) in probe.engines.iter_mut() {
+                if v.is_none() {
+                    *v = old.engines.get(e).cloned().flatten();
                 }
             }
-            Err(e) => tracing::error!("study {name}: {e}"),
+        }
+        let what = old.as_ref().map(|o| changes(o, &probe)).unwrap_or_default();
+        if !what.is_empty() {
+            let trigger = what.join("; ");
+            tracing::info!("study {name}: {trigger}");
+            let queued = match d.queue.pending(name) {
+                // The run after the pending one sees the change: keep the old probe so that
+                // the next probe still finds it.
+                Ok(true) => {
+                    tracing::info!("study {name} is already queued or running; re-tune later");
+                    false
+                }
+                Ok(false) => match d.submit(&k.study, k.file.clone(), &trigger, true) {
+                    Ok(_) => true,
+                    Err(e) => {
+                        tracing::error!("study {name}: {e}");
+                        false
+                    }
+                },
+                Err(e) => {
+                    tracing::error!("study {name}: {e}");
+                    false
+                }
+            };
+            if !queued {
+                continue;
+            }
+        }
+        if let Err(e) = d.store.put(DAEMON, &key, &probe) {
+            tracing::error!("probe of study {name}: {e}");
         }
     }
 }

@@ -63,34 +63,35 @@ async fn jobs<B: Backend>(d: &Arc<Daemon<B>>) {
 async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonError> {
     let cancel = Arc::new(AtomicBool::new(false));
     let resumed = job.state == JobState::Running;
-    // `current` first: a control request from now on reaches the runner, not the queue.
-    let mut running = job.clone();
-    running.state = JobState::Running;
-    *d.current() = Some(Current {
-        job: running,
-        cancel: cancel.clone(),
-        intent: Intent::Run,
-        events: Vec::new(),
-    });
-    let marked = d.queue.update(&job.study, |j| {
-        // Paused or cancelled between `next` and here: leave it.
-        if !matches!(j.state, JobState::Queued | JobState::Running) {
-            return Err(format!("study {} is {}", j.study, j.state.label()));
-        }
-        j.state = JobState::Running;
-        j.started.get_or_insert(unix_now());
-        Ok(())
-    });
-    let job = match marked {
-        Ok(j) => j,
-        Err(DaemonError::Conflict(_)) => {
-            d.current().take();
+    // The queue entry is marked and `current` installed under the `current` lock, in the
+    // order `Daemon::control` takes them: a request sees either a queued job or the current
+    // one, never a gap; a SIGTERM from here on reaches the runner.
+    let job = {
+        let mut cur = d.current();
+        if d.stopping() {
             return Ok(());
         }
-        Err(e) => {
-            d.current().take();
-            return Err(e);
-        }
+        let marked = d.queue.update(&job.study, |j| {
+            // Paused or cancelled since `next`: leave it.
+            if !matches!(j.state, JobState::Queued | JobState::Running) {
+                return Err(format!("study {} is {}", j.study, j.state.label()));
+            }
+            j.state = JobState::Running;
+            j.started.get_or_insert(unix_now());
+            Ok(())
+        });
+        let job = match marked {
+            Ok(j) => j,
+            Err(DaemonError::Conflict(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        *cur = Some(Current {
+            job: job.clone(),
+            cancel: cancel.clone(),
+            intent: Intent::Run,
+            events: Vec::new(),
+        });
+        job
     };
     tracing::info!(
         "{} study {} ({})",
@@ -99,7 +100,10 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
         job.trigger
     );
     let result = execute(d, &job, cancel).await;
-    let intent = d.current().take().map(|c| c.intent).unwrap_or(Intent::Run);
+    // The final state is written before `current` is cleared, under its lock: a control
+    // request in between waits, then finds the job finished.
+    let mut cur = d.current();
+    let intent = cur.as_ref().map(|c| c.intent).unwrap_or(Intent::Run);
     let (state, error) = match &result {
         Ok(_) => (JobState::Done, None),
         Err(TuneError::Interrupted) => match intent {
@@ -110,23 +114,30 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
         },
         Err(e) => (JobState::Failed, Some(e.to_string())),
     };
-    tracing::info!(
-        "study {}: {}{}",
-        job.study,
-        state.label(),
-        error
-            .as_deref()
-            .map(|e| format!(": {e}"))
-            .unwrap_or_default()
-    );
-    d.queue.update(&job.study, |j| {
+    let written = d.queue.update(&job.study, |j| {
         j.state = state;
         if state.finished() {
             j.ended = Some(unix_now());
         }
         j.error = error.clone();
         Ok(())
-    })?;
+    });
+    *cur = None;
+    drop(cur);
+    tracing::info!(
+        "study {}: {}{}",
+        job.study,
+        if state == JobState::Running {
+            "stopped; it resumes at the next start"
+        } else {
+            state.label()
+        },
+        error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    );
+    written?;
     if let Ok(rec) = &result {
         write_reports(d, rec);
     }
@@ -204,6 +215,9 @@ pub fn warm_start(
     let Some(prev) = prev else {
         return Ok(Vec::new());
     };
+    if top == 0 {
+        return Ok(Vec::new());
+    }
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     if let Some(o) = &prev.outcome {

@@ -181,6 +181,10 @@ impl EngineProcess {
         })?;
         let mut cmd = Command::new(&program);
         cmd.args(&argv[1..])
+            // systemd's notification socket is the daemon's, not the engine's.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(logf)
