@@ -372,7 +372,7 @@ pub fn best<B: Backend>(
         .scan::<BestRecord>(BEST, "")?
         .into_iter()
         .map(|(_, b)| b)
-        .filter(|b| model.is_none_or(|m| b.model == m || b.model.ends_with(m)))
+        .filter(|b| model.is_none_or(|m| study::model_matches(&b.model, m)))
         .collect();
     best.sort_by_key(|b| {
         (
@@ -384,7 +384,7 @@ pub fn best<B: Backend>(
     Ok(serde_json::json!({
         "node": node,
         "model": model,
-        "command": here.and_then(|b| b.command.clone()),
+        "command": here.and_then(|b| b.command.as_deref().map(study::serve_command)),
         "best": best,
     }))
 }

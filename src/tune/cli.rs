@@ -197,7 +197,7 @@ pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String,
         .scan::<BestRecord>(BEST, "")?
         .into_iter()
         .map(|(_, b)| b)
-        .filter(|b| model.is_none_or(|m| b.model == m || b.model.ends_with(m)))
+        .filter(|b| model.is_none_or(|m| study::model_matches(&b.model, m)))
         .collect();
     if json {
         return Ok(serde_json::to_string_pretty(&best).unwrap_or_default() + "\n");

@@ -168,6 +168,16 @@ pub struct Outcome {
     pub saved_s: f64,
 }
 
+/// Whether a best record's model is the one asked for: the same, a suffix of it, or a part
+/// of its file name (`SmolLM2` for `/models/SmolLM2-135M-Instruct.Q4_1.gguf`).
+pub fn model_matches(model: &str, asked: &str) -> bool {
+    model == asked
+        || model.ends_with(asked)
+        || std::path::Path::new(model)
+            .file_name()
+            .is_some_and(|f| f.to_string_lossy().contains(asked))
+}
+
 /// The best known configuration for (model, hardware, engine version, workload).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BestRecord {
@@ -1226,7 +1236,7 @@ impl<E: Evaluator> Runner<E> {
                     study: rec.id.clone(),
                     trial: chosen.seq,
                     config: chosen.config.clone(),
-                    command: chosen.command.clone(),
+                    command: chosen.command.as_deref().map(serve_command),
                     objective: chosen.objective,
                     metric: self.metric().label().into(),
                     improved: recommended_trial.is_some(),
