@@ -1120,7 +1120,13 @@ fn best_records_are_found_by_model_name_suffix_or_file_name() {
     let gguf = "/root/.cache/servetune/models/SmolLM2-135M-Instruct.Q4_1.gguf";
     assert!(study::model_matches(gguf, "SmolLM2"));
     assert!(study::model_matches(gguf, gguf));
-    assert!(study::model_matches("meta-llama/Llama-3.1-8B", "Llama-3.1-8B"));
+    assert!(study::model_matches(
+        "meta-llama/Llama-3.1-8B",
+        "Llama-3.1-8B"
+    ));
     assert!(!study::model_matches(gguf, "Qwen"));
-    assert!(!study::model_matches("meta-llama/Llama-3.1-8B", "llama/Llama-3.1-70B"));
+    assert!(!study::model_matches(
+        "meta-llama/Llama-3.1-8B",
+        "llama/Llama-3.1-70B"
+    ));
 }
