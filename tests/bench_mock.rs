@@ -78,7 +78,13 @@ async fn multi_token_chunks_give_real_token_itl() {
     let s = &o.summary;
     // Chunks of 4 tokens arrive every 20 ms: vLLM's chunk ITL sees 20 ms, TPOT and the
     // token-based ITL see the real 5 ms per token.
-    assert!(within(s.itl.mean_ms, 20.0, 0.1), "itl {}", s.itl.mean_ms);
+    // The median: on a loaded machine two chunks now and then land in one read, which (as in
+    // vLLM) counts a 0 ms gap and pulls the mean down.
+    assert!(
+        within(s.itl.median_ms, 20.0, 0.1),
+        "itl {}",
+        s.itl.median_ms
+    );
     assert!(within(s.tpot.mean_ms, 5.0, 0.1), "tpot {}", s.tpot.mean_ms);
     assert!(
         within(s.token_itl.mean_ms, 5.0, 0.1),
