@@ -141,6 +141,8 @@ pub struct Current {
     pub intent: Intent,
     /// The runner's latest progress lines, newest last.
     pub events: Vec<String>,
+    /// The study file's search budget: trials and wall time (for the time-left estimate).
+    pub budget: (u32, Option<f64>),
 }
 
 pub struct Daemon<B: Backend> {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use super::views::{self, Status, StudyView};
 use super::{Backend, Daemon, DaemonError};
-use crate::report::svg::{self, Mark};
+use crate::report::svg;
 use crate::tune::study::{self, TrialKind, TrialStatus};
 
 fn esc(s: &str) -> String {
@@ -37,24 +37,14 @@ fn chart<B: Backend>(
     if trials.is_empty() {
         return Ok(None);
     }
-    let pts: Vec<(f64, Option<f64>, Mark)> = trials
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let mark = match t.status {
-                TrialStatus::Failed => Mark::Failed,
-                TrialStatus::Infeasible => Mark::Infeasible,
-                _ => Mark::Ok,
-            };
-            (
-                i as f64,
-                t.objective
-                    .or(t.screen_objective)
-                    .filter(|_| t.status == TrialStatus::Ok),
-                mark,
-            )
-        })
-        .collect();
+    let best = list.iter().find(|s| s.id == id).and_then(|_| {
+        d.store
+            .get::<crate::tune::study::StudyRecord>(crate::tune::study::STUDIES, &id)
+            .ok()
+            .flatten()
+            .and_then(|r| r.best_trial)
+    });
+    let pts = crate::report::best_so_far_points(&trials, best);
     let metric = list
         .iter()
         .find(|s| s.id == id)

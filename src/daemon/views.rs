@@ -127,20 +127,13 @@ fn kind_label(k: &TrialKind) -> String {
 }
 
 fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, DaemonError> {
-    let (job, intent, events) = match d.current().as_ref() {
-        Some(c) => (c.job.clone(), c.intent, c.events.clone()),
+    let (job, intent, events, (budget, wall_time_s)) = match d.current().as_ref() {
+        Some(c) => (c.job.clone(), c.intent, c.events.clone(), c.budget),
         None => return Ok(None),
     };
     let now = d.clock.now();
     let rec = study_record(&d.store, &job.study)?;
     let trials = study::trials(&d.store, &job.study)?;
-    let spec = crate::tune::spec::Study::parse_in(
-        &job.spec_text,
-        &job.spec_path,
-        d.cfg.search_spaces.as_deref(),
-    )
-    .ok();
-    let budget = spec.as_ref().map(|s| s.spec.budget.trials).unwrap_or(0);
     let search: Vec<&TrialRecord> = trials
         .iter()
         .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
@@ -181,10 +174,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
             let mut basis = format!(
                 "search: at most {left:.0} more trials × {mean:.0} s mean, then the re-measurement"
             );
-            if let (Some(w), Some(r)) = (
-                spec.as_ref().and_then(|s| s.spec.budget.wall_time_s),
-                rec.as_ref(),
-            ) {
+            if let (Some(w), Some(r)) = (wall_time_s, rec.as_ref()) {
                 let wall_left = (r.created + w - now).max(0.0);
                 if wall_left < est {
                     est = wall_left;

@@ -90,6 +90,7 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
             cancel: cancel.clone(),
             intent: Intent::Run,
             events: Vec::new(),
+            budget: (0, None),
         });
         job
     };
@@ -155,6 +156,9 @@ async fn execute<B: Backend>(
         d.cfg.search_spaces.as_deref(),
     )?;
     study.run_id = Some(job.study.clone());
+    if let Some(c) = d.current().as_mut() {
+        c.budget = (study.spec.budget.trials, study.spec.budget.wall_time_s);
+    }
     let mut runner = d
         .backend
         .runner(study, d.store.clone(), d.cfg.state_dir.join("trials"))

@@ -405,6 +405,37 @@ fn config_text(c: &Config) -> String {
 }
 
 /// The charts, as SVG strings: best so far, throughput against TPOT, one per parameter.
+fn mark(t: &TrialRecord, best: Option<u32>) -> Mark {
+    match t.status {
+        TrialStatus::Failed => Mark::Failed,
+        TrialStatus::Infeasible => Mark::Infeasible,
+        _ if Some(t.seq) == best => Mark::Best,
+        _ => Mark::Ok,
+    }
+}
+
+/// The points of the best-so-far chart: per finished search trial, its objective (the
+/// screening one if it was not promoted; none unless it met the constraints) and its mark.
+pub fn best_so_far_points<T: std::borrow::Borrow<TrialRecord>>(
+    search: &[T],
+    best: Option<u32>,
+) -> Vec<(f64, Option<f64>, Mark)> {
+    search
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let t = t.borrow();
+            (
+                i as f64,
+                t.objective
+                    .or(t.screen_objective)
+                    .filter(|_| t.status == TrialStatus::Ok),
+                mark(t, best),
+            )
+        })
+        .collect()
+}
+
 pub fn charts(d: &ReportData) -> Vec<(String, String)> {
     let search: Vec<&TrialRecord> = d
         .trials
@@ -417,26 +448,9 @@ pub fn charts(d: &ReportData) -> Vec<(String, String)> {
         .as_ref()
         .map(|o| o.metric.clone())
         .unwrap_or_else(|| "objective".into());
-    let mark_of = |t: &TrialRecord| match t.status {
-        TrialStatus::Failed => Mark::Failed,
-        TrialStatus::Infeasible => Mark::Infeasible,
-        _ if Some(t.seq) == d.study.best_trial => Mark::Best,
-        _ => Mark::Ok,
-    };
+    let mark_of = |t: &TrialRecord| mark(t, d.study.best_trial);
     let mut out = Vec::new();
-    let pts: Vec<(f64, Option<f64>, Mark)> = search
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            (
-                i as f64,
-                t.objective
-                    .or(t.screen_objective)
-                    .filter(|_| t.status == TrialStatus::Ok),
-                mark_of(t),
-            )
-        })
-        .collect();
+    let pts = best_so_far_points(&search, d.study.best_trial);
     out.push(("best-so-far".to_string(), svg::best_so_far(&pts, &ylabel)));
     let pp: Vec<(f64, f64, Mark)> = search
         .iter()
