@@ -68,9 +68,11 @@ repeats = 3
 
 {extra}
 
+# The virtual-time evaluator runs its own workloads; the file's sizes the screening runs
+# (0.34 × 400 = 136 prompts, at least 4 waves of 32: screening stays on).
 [[workload]]
 name = "random"
-args = ["--dataset-name", "random", "--num-prompts", "20", "--tokenizer", "words"]
+args = ["--dataset-name", "random", "--num-prompts", "400", "--max-concurrency", "32", "--tokenizer", "words"]
 "#,
         spaces = spaces_dir().display()
     )
@@ -201,6 +203,8 @@ async fn a_simulated_study_finds_the_known_optimum() {
         workload: 0,
         fraction: 1.0,
         rate: None,
+        abort: false,
+        seed_offset: 0,
     };
     for seqs in (8..=2048).step_by(8) {
         for mbt in [8192i64, 16384, 32768] {
@@ -272,16 +276,24 @@ fn bad_study_files_name_the_field() {
         ),
         (
             study_text("x", "tpe", "")
-                .replace("\"--num-prompts\", \"20\"", "\"--num-prompts\", \"many\""),
+                .replace("\"--num-prompts\", \"400\"", "\"--num-prompts\", \"many\""),
             "workload[0] (random).args",
         ),
         (
-            study_text("x", "tpe", "").replace("\"--num-prompts\", \"20\"", "\"--port\", \"9\""),
+            study_text("x", "tpe", "").replace("\"--num-prompts\", \"400\"", "\"--port\", \"9\""),
             "--port is set by the study",
         ),
         (
             study_text("x", "tpe", "").replace("repeats = 3", "repeats = 1"),
             "remeasure.repeats",
+        ),
+        (
+            study_text("x", "tpe", "").replace("repeats = 3", "repeats = 3\nmax_repeats = 2"),
+            "remeasure.max_repeats",
+        ),
+        (
+            study_text("x", "tpe", "[validation]\nguards = [\"ttft:p99:5\"]"),
+            "validation.guards[0]",
         ),
         (
             study_text("x", "tpe", "[screening]\nfraction = 0"),

@@ -3,10 +3,14 @@
 //! minimum sample. The tuner uses it as its trial-level early stop, so a bad configuration costs
 //! seconds instead of a full benchmark.
 //!
-//! A mean limit is breached when the lower one-sided confidence bound of the mean exceeds it; a
-//! percentile limit `Pq ≤ L` is breached when the lower Wilson bound on the share of samples above
-//! `L` exceeds `1 − q/100` (or when so many samples already exceed `L` that no later sample can
-//! bring the percentile back under it).
+//! The unit of evidence is the request (an ITL limit takes each request's mean gap, or its
+//! share of gaps above the limit). A mean limit is breached when the lower one-sided
+//! confidence bound of the mean exceeds it; a percentile limit `Pq ≤ L` is breached when the
+//! lower Wilson bound on the share of requests above `L` exceeds `1 − q/100` (or at once, when
+//! so many already exceed `L` that no later request can bring the percentile back under it).
+//! The tests run at `LOOKS` planned points only (the first after a quarter of the run, two
+//! waves of the concurrency and the minimum sample), each at the Bonferroni share of the
+//! error rate, so that the stated confidence holds for the run as a whole.
 
 use serde::{Deserialize, Serialize};
 
@@ -118,24 +122,52 @@ impl AbortPolicy {
     }
 }
 
+/// How many times at most a latency limit is tested during one run. Testing after every
+/// sample at a fixed confidence would raise the false-abort rate well above its nominal level
+/// (repeated significance tests); the tests run at these planned looks only, each at the
+/// Bonferroni level `(1 − confidence) / LOOKS`, so that the chance of a false abort over the
+/// whole run stays below `1 − confidence`.
+pub const LOOKS: usize = 8;
+
 /// Running state of the policy over one run of `total` requests.
 pub struct AbortMonitor {
     policy: AbortPolicy,
     total: usize,
     failed: usize,
-    samples: Vec<Vec<f64>>, // per limit, in ms
+    /// Per limit, one sample per request (in ms; for ITL, the request's own statistic).
+    samples: Vec<Vec<f64>>,
+    /// Completions between looks (the first is after the minimum sample, a quarter of the
+    /// run and two waves of the concurrency: the first completions of a burst are its
+    /// shortest requests, not a sample of the run).
+    step: usize,
+    next_look: usize,
+    completed: usize,
     z: f64,
 }
 
 impl AbortMonitor {
     pub fn new(policy: AbortPolicy, total: usize) -> Self {
-        let z = normal_quantile(policy.confidence.clamp(0.5, 0.999_999));
+        Self::with_concurrency(policy, total, None)
+    }
+
+    /// As `new`, for a run with at most `concurrency` requests in flight.
+    pub fn with_concurrency(policy: AbortPolicy, total: usize, concurrency: Option<usize>) -> Self {
+        let alpha = (1.0 - policy.confidence.clamp(0.5, 0.999_999)) / LOOKS as f64;
+        let z = normal_quantile(1.0 - alpha);
         let samples = vec![Vec::new(); policy.limits.len()];
+        let waves = concurrency.map_or(0, |c| 2 * c);
+        let first_look = policy.min_samples.max(2).max(total.div_ceil(4)).max(waves);
+        let step = (total.saturating_sub(first_look))
+            .div_ceil(LOOKS - 1)
+            .max(1);
         AbortMonitor {
             policy,
             total,
             failed: 0,
             samples,
+            step,
+            next_look: first_look,
+            completed: 0,
             z,
         }
     }
@@ -161,19 +193,45 @@ impl AbortMonitor {
             }
             return None;
         }
+        self.completed += 1;
         for (i, lim) in self.policy.limits.iter().enumerate() {
             let s = &mut self.samples[i];
-            match lim.metric {
-                Metric::Ttft => s.push(r.ttft_s * 1000.0),
-                Metric::E2el => s.push(r.latency_s * 1000.0),
-                Metric::Tpot => {
-                    if let Some(t) = r.tpot_s() {
-                        s.push(t * 1000.0)
-                    }
+            // One sample per request: a request's tokens share its batch and its neighbours,
+            // so they are not independent samples. For ITL the request contributes its mean
+            // gap (mean limits) or the share of its gaps above the limit (percentile limits).
+            let v = match lim.metric {
+                Metric::Ttft => Some(r.ttft_s * 1000.0),
+                Metric::E2el => Some(r.latency_s * 1000.0),
+                Metric::Tpot => r.tpot_s().map(|t| t * 1000.0),
+                Metric::Itl if r.itl_s.is_empty() => None,
+                Metric::Itl => {
+                    let n = r.itl_s.len() as f64;
+                    Some(match lim.stat.quantile() {
+                        None => r.itl_s.iter().sum::<f64>() * 1000.0 / n,
+                        Some(_) => {
+                            r.itl_s
+                                .iter()
+                                .filter(|x| **x * 1000.0 > lim.limit_ms)
+                                .count() as f64
+                                / n
+                        }
+                    })
                 }
-                Metric::Itl => s.extend(r.itl_s.iter().map(|x| x * 1000.0)),
+            };
+            if let Some(v) = v {
+                s.push(v);
             }
-            if let Some(reason) = breach(lim, s, self.policy.min_samples, self.z, self.total) {
+            // A per-request percentile limit can be breached for certain at any time.
+            if let Some(reason) = certain_breach(lim, s, self.total) {
+                return Some(reason);
+            }
+        }
+        if self.completed < self.next_look {
+            return None;
+        }
+        self.next_look = self.completed + self.step;
+        for (i, lim) in self.policy.limits.iter().enumerate() {
+            if let Some(reason) = breach(lim, &self.samples[i], self.z) {
                 return Some(reason);
             }
         }
@@ -181,26 +239,45 @@ impl AbortMonitor {
     }
 }
 
-fn breach(
-    lim: &LatencyLimit,
-    s: &[f64],
-    min_samples: usize,
-    z: f64,
-    total: usize,
-) -> Option<String> {
+/// A per-request percentile limit `Pq ≤ L` is breached for certain once more than
+/// `(1 − q/100) · total + 1` requests exceed `L`: no later sample can bring it back.
+fn certain_breach(lim: &LatencyLimit, s: &[f64], total: usize) -> Option<String> {
+    let q = lim.stat.quantile()?;
+    if lim.metric == Metric::Itl {
+        return None;
+    }
+    let allowed = 1.0 - q / 100.0;
+    let k = s.iter().filter(|&&x| x > lim.limit_ms).count();
+    ((k as f64) > allowed * total as f64 + 1.0).then(|| {
+        format!(
+            "{} breached: {k} of {total} requests above {} ms already (at most {:.0} allowed)",
+            lim.describe(),
+            lim.limit_ms,
+            allowed * total as f64
+        )
+    })
+}
+
+/// The lower one-sided bound of a mean at `z`.
+fn mean_lower(s: &[f64], z: f64) -> (f64, f64) {
+    let nf = s.len() as f64;
+    let mean = s.iter().sum::<f64>() / nf;
+    let var = s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (nf - 1.0);
+    (mean, mean - z * (var / nf).sqrt())
+}
+
+fn breach(lim: &LatencyLimit, s: &[f64], z: f64) -> Option<String> {
     let n = s.len();
-    if n < min_samples.max(2) {
+    if n < 2 {
         return None;
     }
     let nf = n as f64;
-    match lim.stat.quantile() {
-        None => {
-            let mean = s.iter().sum::<f64>() / nf;
-            let var = s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (nf - 1.0);
-            let lower = mean - z * (var / nf).sqrt();
+    match (lim.stat.quantile(), lim.metric) {
+        (None, _) => {
+            let (mean, lower) = mean_lower(s, z);
             (lower > lim.limit_ms).then(|| {
                 format!(
-                    "{} breached: mean {:.2} ms over {} samples, lower confidence bound {:.2} ms",
+                    "{} breached: mean {:.2} ms over {} requests, lower confidence bound {:.2} ms",
                     lim.describe(),
                     mean,
                     n,
@@ -208,15 +285,29 @@ fn breach(
                 )
             })
         }
-        Some(q) => {
+        (Some(q), Metric::Itl) => {
+            // The requests' shares of gaps above the limit: their mean is the pooled share.
+            let allowed = 1.0 - q / 100.0;
+            let (mean, lower) = mean_lower(s, z);
+            (lower > allowed).then(|| {
+                format!(
+                    "{} breached: {:.3} of the gaps above {} ms over {} requests (share ≥ {:.3} with confidence, allowed {:.3})",
+                    lim.describe(),
+                    mean,
+                    lim.limit_ms,
+                    n,
+                    lower,
+                    allowed
+                )
+            })
+        }
+        (Some(q), _) => {
             let allowed = 1.0 - q / 100.0;
             let k = s.iter().filter(|&&x| x > lim.limit_ms).count();
-            // Certain: for per-request metrics the final sample has `total` values at most.
-            let certain = lim.metric != Metric::Itl && (k as f64) > allowed * total as f64 + 1.0;
             let lower = wilson_lower(k as f64, nf, z);
-            (certain || lower > allowed).then(|| {
+            (lower > allowed).then(|| {
                 format!(
-                    "{} breached: {} of {} samples above {} ms (share ≥ {:.3} with confidence, allowed {:.3})",
+                    "{} breached: {} of {} requests above {} ms (share ≥ {:.3} with confidence, allowed {:.3})",
                     lim.describe(),
                     k,
                     n,
@@ -238,50 +329,10 @@ fn wilson_lower(k: f64, n: f64, z: f64) -> f64 {
     ((centre - margin) / (1.0 + z2 / n)).max(0.0)
 }
 
-/// Inverse of the standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9).
+/// Inverse of the standard normal distribution function.
 pub fn normal_quantile(p: f64) -> f64 {
-    const A: [f64; 6] = [
-        -3.969_683_028_665_376e1,
-        2.209_460_984_245_205e2,
-        -2.759_285_104_469_687e2,
-        1.383_577_518_672_69e2,
-        -3.066_479_806_614_716e1,
-        2.506_628_277_459_239,
-    ];
-    const B: [f64; 5] = [
-        -5.447_609_879_822_406e1,
-        1.615_858_368_580_409e2,
-        -1.556_989_798_598_866e2,
-        6.680_131_188_771_972e1,
-        -1.328_068_155_288_572e1,
-    ];
-    const C: [f64; 6] = [
-        -7.784_894_002_430_293e-3,
-        -3.223_964_580_411_365e-1,
-        -2.400_758_277_161_838,
-        -2.549_732_539_343_734,
-        4.374_664_141_464_968,
-        2.938_163_982_698_783,
-    ];
-    const D: [f64; 4] = [
-        7.784_695_709_041_462e-3,
-        3.224_671_290_700_398e-1,
-        2.445_134_137_142_996,
-        3.754_408_661_907_416,
-    ];
-    let pl = 0.024_25;
-    if p < pl {
-        let q = (-2.0 * p.ln()).sqrt();
-        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
-            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
-    } else if p <= 1.0 - pl {
-        let q = p - 0.5;
-        let r = q * q;
-        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
-            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
-    } else {
-        -normal_quantile(1.0 - p)
-    }
+    use statrs::distribution::ContinuousCDF;
+    statrs::distribution::Normal::standard().inverse_cdf(p.clamp(1e-300, 1.0 - 1e-16))
 }
 
 #[cfg(test)]
@@ -352,7 +403,8 @@ mod tests {
             min_samples: 10,
             ..Default::default()
         };
-        let mut m = AbortMonitor::new(p.clone(), 1000);
+        // 40 requests: the first look is at max(10 samples, a quarter of the run).
+        let mut m = AbortMonitor::new(p.clone(), 40);
         for _ in 0..9 {
             assert!(m.observe(&ok(500.0)).is_none(), "below the minimum sample");
         }
@@ -379,8 +431,8 @@ mod tests {
                 .observe(&ok(if i % 20 == 0 { 300.0 } else { 50.0 }))
                 .is_none());
         }
-        // 50% above: breached beyond doubt quickly.
-        let mut m = AbortMonitor::new(p, 10_000);
+        // 50% above: breached beyond doubt at the first look (a quarter of 200).
+        let mut m = AbortMonitor::new(p, 200);
         let mut hit = None;
         for i in 0..200 {
             if let Some(w) = m.observe(&ok(if i % 2 == 0 { 300.0 } else { 50.0 })) {
@@ -391,5 +443,112 @@ mod tests {
         let (i, why) = hit.expect("should abort");
         assert!(i < 60, "aborted only after {i}");
         assert!(why.contains("p90 ttft"), "{why}");
+    }
+
+    fn tpot_record(tpot_ms: f64) -> RequestRecord {
+        RequestRecord {
+            success: true,
+            ttft_s: 0.1,
+            latency_s: 0.1 + tpot_ms * 127.0 / 1000.0,
+            output_tokens: 128,
+            server_output_tokens: Some(128),
+            ..Default::default()
+        }
+    }
+
+    /// The rule this module replaced: a test after every sample from the 20th on, at a fixed
+    /// one-sided 99% (kept here to show the simulation can tell the two apart).
+    fn naive_aborts(samples: &[f64], limit: f64) -> bool {
+        let z = normal_quantile(0.99);
+        (20..=samples.len()).any(|n| {
+            let (_, lower) = mean_lower(&samples[..n], z);
+            lower > limit
+        })
+    }
+
+    #[test]
+    fn false_abort_rate_at_the_limit_stays_within_the_stated_confidence() {
+        use rand::SeedableRng;
+        use rand_distr::Distribution;
+        // Requests whose TPOT has a mean exactly at the limit: the run meets `mean ≤ 50 ms`
+        // on average, so every abort is a false one. The stated confidence is 99%.
+        let limit: f64 = 50.0;
+        let sigma: f64 = 0.5;
+        let mu = limit.ln() - sigma * sigma / 2.0;
+        let dist = rand_distr::LogNormal::new(mu, sigma).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let runs = 3000;
+        let (mut ours, mut naive) = (0, 0);
+        for _ in 0..runs {
+            let xs: Vec<f64> = (0..200).map(|_| dist.sample(&mut rng)).collect();
+            let p = AbortPolicy {
+                limits: vec![LatencyLimit::parse("tpot:mean:50").unwrap()],
+                ..Default::default()
+            };
+            let mut m = AbortMonitor::with_concurrency(p, 200, Some(16));
+            if xs.iter().any(|x| m.observe(&tpot_record(*x)).is_some()) {
+                ours += 1;
+            }
+            if naive_aborts(&xs, limit) {
+                naive += 1;
+            }
+        }
+        let (ours, naive) = (ours as f64 / runs as f64, naive as f64 / runs as f64);
+        // 3 standard errors of a 1% rate over 3000 runs is 0.55%.
+        assert!(ours <= 0.0155, "false aborts {:.2}% > 1%", 100.0 * ours);
+        assert!(
+            naive > 2.0 * ours.max(0.005),
+            "the repeated fixed-z test should abort falsely far more often: {:.2}% vs {:.2}%",
+            100.0 * naive,
+            100.0 * ours
+        );
+    }
+
+    #[test]
+    fn itl_counts_requests_not_tokens() {
+        use rand::SeedableRng;
+        use rand_distr::Distribution;
+        // Each request runs at its own pace (its batch), around 90% of the ITL limit: the run
+        // meets `mean ITL ≤ 20 ms`. One slow request has 127 tight gaps above the limit; as
+        // 127 independent samples it would look like certain evidence.
+        let dist = rand_distr::LogNormal::new((18.0f64).ln(), 0.3).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let runs = 1000;
+        let mut aborts = 0;
+        for _ in 0..runs {
+            let p = AbortPolicy {
+                limits: vec![LatencyLimit::parse("itl:mean:20").unwrap()],
+                ..Default::default()
+            };
+            let mut m = AbortMonitor::with_concurrency(p, 100, Some(8));
+            let hit = (0..100).any(|_| {
+                let pace: f64 = dist.sample(&mut rng) / 1000.0;
+                let r = RequestRecord {
+                    success: true,
+                    itl_s: vec![pace; 127],
+                    ..Default::default()
+                };
+                m.observe(&r).is_some()
+            });
+            if hit {
+                aborts += 1;
+            }
+        }
+        assert!(aborts <= 20, "{aborts} false aborts in {runs} runs");
+        // A clearly slow engine (every request 50% over the limit) is still caught.
+        let p = AbortPolicy {
+            limits: vec![LatencyLimit::parse("itl:mean:20").unwrap()],
+            ..Default::default()
+        };
+        let mut m = AbortMonitor::with_concurrency(p, 100, Some(8));
+        let at = (0..100).position(|i| {
+            let r = RequestRecord {
+                success: true,
+                itl_s: vec![0.030 + 0.001 * (i % 3) as f64; 127],
+                ..Default::default()
+            };
+            m.observe(&r).is_some()
+        });
+        assert_eq!(at, Some(24), "the first look is at a quarter of the run");
     }
 }

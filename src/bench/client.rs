@@ -156,17 +156,41 @@ impl AbortSignal {
     }
 }
 
-/// Builds the HTTP client used for every request of a run: HTTP/1.1, unlimited idle keep-alive
-/// connections (servers that close after each response are reconnected transparently).
-pub fn http_client(max_connections_hint: usize) -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(max_connections_hint.max(1))
-        .pool_idle_timeout(Duration::from_secs(30))
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(30))
-        .build()
+/// The HTTP clients of a run: HTTP/1.1, kept-alive connections (`pooled`), and one that never
+/// reuses a connection (`fresh`), for servers seen closing connections after a response.
+///
+/// llama-server (cpp-httplib) answers a stream with `Keep-Alive` and then closes the socket as
+/// soon as the stream ends, so the pool holds connections that are being closed. When many
+/// streams end in the same decode step (`--ignore-eos`, equal output lengths), as many waiting
+/// requests take those connections at once; a request written to one fails before any response
+/// byte ("connection closed before message completed"). A resend through the same pool can
+/// take another such connection, which is how one request in 48 failed at 16 concurrent
+/// streams. Resends, and every request after the first such close, go through `fresh`.
+#[derive(Debug, Clone)]
+pub struct Clients {
+    pub pooled: reqwest::Client,
+    pub fresh: reqwest::Client,
 }
+
+/// Builds the clients used for every request of a run.
+pub fn http_client(max_connections_hint: usize) -> reqwest::Result<Clients> {
+    let build = |idle: usize| {
+        reqwest::Client::builder()
+            .http1_only()
+            .pool_max_idle_per_host(idle)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+    };
+    Ok(Clients {
+        pooled: build(max_connections_hint.max(1))?,
+        fresh: build(0)?,
+    })
+}
+
+/// How many times a request that failed before any response byte is sent in all.
+pub const SEND_ATTEMPTS: usize = 3;
 
 #[derive(Deserialize)]
 struct StreamChunk<'a> {
@@ -322,13 +346,29 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
-/// hyper's "connection closed before message completed" on a request whose response never
-/// began: the idle-connection race with servers that close after each response.
+/// A request that failed before any response byte because the server closed (or reset) the
+/// connection it was written to: hyper's "connection closed before message completed", a
+/// cancelled request, or a reset / broken pipe. The server never began answering it, so it is
+/// safe to send again; a request whose response began is never resent.
 fn closed_before_response(e: &reqwest::Error) -> bool {
+    if e.is_connect() || e.is_timeout() {
+        return false;
+    }
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {
         if let Some(h) = c.downcast_ref::<hyper::Error>() {
-            return h.is_incomplete_message() || h.is_canceled();
+            if h.is_incomplete_message() || h.is_canceled() {
+                return true;
+            }
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            if matches!(
+                io.kind(),
+                K::ConnectionReset | K::BrokenPipe | K::ConnectionAborted | K::UnexpectedEof
+            ) {
+                return true;
+            }
         }
         cur = c.source();
     }
@@ -337,7 +377,7 @@ fn closed_before_response(e: &reqwest::Error) -> bool {
 
 /// Sends one request and measures it. `bench_start` anchors `start_s`.
 pub async fn send_request(
-    client: &reqwest::Client,
+    client: &Clients,
     tpl: &RequestTemplate,
     body: Vec<u8>,
     bench_start: Instant,
@@ -394,7 +434,7 @@ pub async fn send_request(
 }
 
 async fn run_stream(
-    client: &reqwest::Client,
+    client: &Clients,
     tpl: &RequestTemplate,
     body: Vec<u8>,
     st: Instant,
@@ -403,7 +443,8 @@ async fn run_stream(
     use std::sync::atomic::Ordering;
     let body = bytes::Bytes::from(body); // cheap to clone for a resend
     let send = |close: bool| {
-        let mut req = client
+        let c = if close { &client.fresh } else { &client.pooled };
+        let mut req = c
             .post(&tpl.url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone());
@@ -415,16 +456,18 @@ async fn run_stream(
         }
         req.send()
     };
-    let first = send(tpl.connection_close.load(Ordering::Relaxed)).await;
-    let first = match first {
-        // The server closed a kept-alive connection as we wrote to it: it never saw the
-        // request. Resend once on a fresh connection and stop reusing connections.
-        Err(e) if closed_before_response(&e) => {
-            tpl.connection_close.store(true, Ordering::Relaxed);
-            send(true).await
+    let mut first = send(tpl.connection_close.load(Ordering::Relaxed)).await;
+    for _ in 1..SEND_ATTEMPTS {
+        match &first {
+            // The server closed the connection as we wrote to it: it never saw the request.
+            // Send it again on a new connection, and stop reusing connections for this run.
+            Err(e) if closed_before_response(e) => {
+                tpl.connection_close.store(true, Ordering::Relaxed);
+                first = send(true).await;
+            }
+            _ => break,
         }
-        other => other,
-    };
+    }
     let mut resp = first.map_err(|e| {
         let kind = if e.is_connect() {
             FailureKind::Connect

@@ -107,6 +107,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
         ));
     }
     let conc = shape.max_concurrency.unwrap_or(plan.requests.len().max(1));
+    let max_concurrency = shape.max_concurrency;
     let http = client::http_client(conc)?;
     let tpl = Arc::new(plan.template.clone());
     let abort = Arc::new(AbortSignal::default());
@@ -272,7 +273,7 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
     let mut monitor = plan
         .abort
         .is_active()
-        .then(|| AbortMonitor::new(plan.abort.clone(), total));
+        .then(|| AbortMonitor::with_concurrency(plan.abort.clone(), total, max_concurrency));
     let mut records: Vec<RequestRecord> = Vec::with_capacity(total);
     let mut aborted: Option<String> = None;
     while let Some(r) = rx.recv().await {

@@ -17,8 +17,8 @@ use crate::bench::metrics::Summary;
 use crate::bench::output::{vllm_block, RunInfo};
 use crate::space::{Config, Value};
 use crate::store::{Store, StoreError};
-use crate::tune::eval::Measurement;
-use crate::tune::stats::{welch, Diff};
+use crate::tune::decide::CheckState;
+use crate::tune::stats::Diff;
 use crate::tune::study::{self, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, STUDIES};
 use svg::Mark;
 
@@ -51,6 +51,10 @@ pub struct Row {
     pub recommended: Vec<f64>,
     pub diff: Option<Diff>,
     pub regression: bool,
+    /// The gate's state of this check, and whether it gates the recommendation.
+    pub state: CheckState,
+    pub gate: bool,
+    pub note: Option<String>,
 }
 
 /// What the report says, as data (the JSON format).
@@ -91,13 +95,12 @@ pub struct EngineRow {
     pub trials: usize,
 }
 
-/// What the report needs from the stored study file: the model, the workloads (primary first)
-/// and the regression tolerance. Parsed once, without the checks of `Study::parse` (which also
+/// What the report needs from the stored study file: the model and the workloads (primary
+/// first). Parsed once, without the checks of `Study::parse` (which also
 /// needs the dataset files, and a report must work after they are gone).
 struct SpecView {
     model: String,
     workloads: Vec<(String, Vec<String>)>,
-    tolerance: f64,
 }
 
 fn spec_view(text: &str) -> SpecView {
@@ -115,13 +118,11 @@ fn spec_view(text: &str) -> SpecView {
             SpecView {
                 model: s.study.model,
                 workloads: w,
-                tolerance: s.validation.tolerance,
             }
         }
         Err(_) => SpecView {
             model: String::new(),
             workloads: Vec::new(),
-            tolerance: crate::tune::spec::Validation::default().tolerance,
         },
     }
 }
@@ -137,25 +138,6 @@ fn param_names(search: &[&TrialRecord]) -> Vec<String> {
     names
 }
 
-const METRICS: [(&str, &str, bool); 4] = [
-    (
-        "total_token_throughput",
-        "total token throughput (tok/s)",
-        true,
-    ),
-    ("tpot:mean", "mean TPOT (ms)", false),
-    ("ttft:p99", "P99 TTFT (ms)", false),
-    ("success_rate", "success rate (%)", true),
-];
-
-fn metric_of(m: &Measurement, key: &str) -> Option<f64> {
-    match key {
-        "total_token_throughput" => Some(m.total_token_throughput),
-        "success_rate" => Some(100.0 * m.success_rate),
-        k => m.latencies_ms.get(k).copied(),
-    }
-}
-
 fn show(v: &Value) -> String {
     v.to_string()
 }
@@ -169,11 +151,7 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
     if trials.is_empty() {
         return Err(ReportError::Empty(id.into()));
     }
-    let SpecView {
-        model,
-        workloads,
-        tolerance: tol,
-    } = spec_view(&rec.spec_text);
+    let SpecView { model, workloads } = spec_view(&rec.spec_text);
     let outcome = rec.outcome.clone();
     let search: Vec<&TrialRecord> = trials
         .iter()
@@ -188,65 +166,28 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
         seq.and_then(|s| trials.iter().find(|t| t.seq == s))
             .and_then(|t| t.command.clone())
     };
-    // Conclusion rows: the primary from the re-measurement rounds, the others from validation.
-    let mut rows = Vec::new();
-    if let (Some(b), Some(r)) = (baseline_trial, recommended_trial) {
-        let runs = |wl: Option<&str>, cand: u32| -> Vec<&Measurement> {
-            trials
+    // Conclusion rows: the gate's own checks of the leader against the defaults (the report
+    // shows the decision; it never makes one).
+    let rows: Vec<Row> = outcome
+        .as_ref()
+        .map(|o| {
+            o.checks
                 .iter()
-                .filter(|t| t.status != TrialStatus::Failed)
-                .filter(|t| match (&t.kind, wl) {
-                    (TrialKind::Remeasure { candidate, .. }, None) => *candidate == cand,
-                    (
-                        TrialKind::Validate {
-                            workload,
-                            candidate,
-                            ..
-                        },
-                        Some(w),
-                    ) => *candidate == cand && workload == w,
-                    _ => false,
+                .map(|c| Row {
+                    workload: c.workload.clone(),
+                    metric: c.label.clone(),
+                    higher_is_better: c.higher_is_better,
+                    baseline: c.baseline.clone(),
+                    recommended: c.candidate.clone(),
+                    diff: c.diff.clone(),
+                    regression: c.state == CheckState::Regression,
+                    state: c.state,
+                    gate: c.gate,
+                    note: c.note.clone(),
                 })
-                .filter_map(|t| t.full.as_ref())
                 .collect()
-        };
-        for (i, (name, _)) in workloads.iter().enumerate() {
-            let wl = if i == 0 { None } else { Some(name.as_str()) };
-            let (mut bm, rm) = (runs(wl, b), runs(wl, r));
-            if bm.is_empty() && wl.is_none() {
-                // Defaults that missed the constraints were not re-measured: show their search run.
-                bm = trials
-                    .iter()
-                    .filter(|t| t.seq == b)
-                    .filter_map(|t| t.full.as_ref().or(t.screen.as_ref()))
-                    .collect();
-            }
-            if bm.is_empty() && rm.is_empty() {
-                continue;
-            }
-            for (key, label, higher) in METRICS {
-                let bv: Vec<f64> = bm.iter().filter_map(|m| metric_of(m, key)).collect();
-                let rv: Vec<f64> = rm.iter().filter_map(|m| metric_of(m, key)).collect();
-                let diff = (!bv.is_empty() && !rv.is_empty()).then(|| welch(&rv, &bv));
-                let regression = diff.as_ref().is_some_and(|d| {
-                    if higher {
-                        d.pct < -100.0 * tol
-                    } else {
-                        d.pct > 100.0 * tol
-                    }
-                });
-                rows.push(Row {
-                    workload: name.clone(),
-                    metric: label.into(),
-                    higher_is_better: higher,
-                    baseline: bv,
-                    recommended: rv,
-                    diff,
-                    regression,
-                });
-            }
-        }
-    }
+        })
+        .unwrap_or_default();
     // Every option explored: per parameter, per value (numeric: per distinct value, or four
     // ranges when there are many).
     let base_obj = baseline_trial
@@ -608,16 +549,16 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         );
         let _ = writeln!(o, "|---|---|---|---|---|");
         for r in &d.rows {
-            let change = match &r.diff {
-                Some(df) => {
-                    let s = pm(df);
-                    if r.regression {
-                        format!("**{s} REGRESSION**")
-                    } else {
-                        s
-                    }
-                }
-                None => "-".into(),
+            let change = match (&r.diff, &r.note) {
+                (_, Some(n)) => n.clone(),
+                (Some(df), None) => pm(df),
+                (None, None) => "-".into(),
+            };
+            let change = match (r.state, r.gate) {
+                (CheckState::Regression, _) => format!("**{change} REGRESSION**"),
+                (CheckState::Inconclusive, _) => format!("{change} *inconclusive*"),
+                (CheckState::Ok, true) => format!("{change} (within tolerance)"),
+                _ => change,
             };
             let _ = writeln!(
                 o,
@@ -649,15 +590,28 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
                     Some(d) => pm(d),
                     None => "-".into(),
                 };
+                let adj = c
+                    .p_adjusted
+                    .map(|p| format!(" (Holm-adjusted p = {p:.4})"))
+                    .unwrap_or_default();
                 let note = match (&c.disqualified, &c.diff) {
                     (Some(why), _) => why.clone(),
-                    (None, Some(_)) if alone => "met the constraints in every round".into(),
-                    (None, Some(d)) if d.significant_gain() => "significant".into(),
-                    _ => "not significant".into(),
+                    (None, Some(_)) if alone => "met the constraints in its pooled rounds".into(),
+                    (None, Some(_)) if c.significant => format!("significant{adj}"),
+                    _ => format!("not significant{adj}"),
                 };
                 let _ = writeln!(o, "| #{} | {value} | {note} |", c.candidate);
             }
             let _ = writeln!(o);
+        }
+    }
+    if let Some(out) = &rec.outcome {
+        if out.rounds.remeasure > 0 || out.rounds.validation > 0 {
+            let _ = writeln!(
+                o,
+                "Rounds: {} interleaved re-measurement round(s) on the primary workload, {} validation round(s) per other workload; stopped because {}.\n",
+                out.rounds.remeasure, out.rounds.validation, out.rounds.why
+            );
         }
     }
     // Environment.

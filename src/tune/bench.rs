@@ -173,6 +173,8 @@ impl<'a> Oracle<'a> {
             workload: 0,
             fraction: 1.0,
             rate: None,
+            abort: false,
+            seed_offset: 0,
         };
         match e.start_now(cfg).and_then(|_| e.run_now(&spec)) {
             Ok(m)

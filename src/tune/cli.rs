@@ -83,29 +83,34 @@ pub fn summary(rec: &StudyRecord) -> String {
         if let Some(c) = &o.recommended_command {
             let _ = writeln!(s, "recommended: {c}");
         }
-        for v in &o.validation {
-            match &v.diff {
-                Some(d) => {
+        for c in o.checks.iter().filter(|c| c.gate) {
+            let state = match c.state {
+                crate::tune::decide::CheckState::Ok => "ok",
+                crate::tune::decide::CheckState::Regression => "REGRESSION",
+                crate::tune::decide::CheckState::Inconclusive => "inconclusive",
+                crate::tune::decide::CheckState::Info => "",
+            };
+            match (&c.diff, &c.note) {
+                (_, Some(n)) => {
+                    let _ = writeln!(s, "check {} {}: {n}  {state}", c.workload, c.label);
+                }
+                (Some(d), None) => {
                     let _ = writeln!(
                         s,
-                        "validation {}: {:+.1}% (95% CI {:+.1}% to {:+.1}%){}",
-                        v.workload,
-                        d.pct,
-                        d.pct_low,
-                        d.pct_high,
-                        if v.regression { "  REGRESSION" } else { "" }
+                        "check {} {}: {:+.1}% (95% CI {:+.1}% to {:+.1}%)  {state}",
+                        c.workload, c.label, d.pct, d.pct_low, d.pct_high
                     );
                 }
-                None => {
-                    let _ = writeln!(
-                        s,
-                        "validation {}: {}",
-                        v.workload,
-                        v.note.as_deref().unwrap_or("")
-                    );
+                (None, None) => {
+                    let _ = writeln!(s, "check {} {}: not measured  {state}", c.workload, c.label);
                 }
             }
         }
+        let _ = writeln!(
+            s,
+            "rounds: {} re-measurement, {} validation ({})",
+            o.rounds.remeasure, o.rounds.validation, o.rounds.why
+        );
         let _ = writeln!(
             s,
             "{} search trials ({} screened only); benchmark time {:.0} s, {:.0} s saved by screening",

@@ -44,6 +44,18 @@ pub struct Measurement {
     pub tokens_per_joule: Option<f64>,
     /// The load generator's whole summary (vLLM's result fields), for the report.
     pub summary: Option<serde_json::Value>,
+    /// The objective's resolution where it is read from a grid (`max_rate`: the width of the
+    /// last bracket), so that identical rounds do not make a zero-width interval.
+    #[serde(default)]
+    pub resolution: Option<f64>,
+    /// Failed requests by reason (`stream_interrupted`, `http_status`, …).
+    #[serde(default)]
+    pub failures: BTreeMap<String, usize>,
+    /// Set when this run replaced an earlier one that missed the constraints narrowly: what
+    /// the first run read (a promising configuration is confirmed before it is called
+    /// infeasible).
+    #[serde(default)]
+    pub confirmed: Option<String>,
 }
 
 fn finite(x: f64) -> f64 {
@@ -106,6 +118,13 @@ impl Measurement {
             aborted,
             tokens_per_joule: None,
             summary: serde_json::to_value(s).ok(),
+            resolution: None,
+            failures: s
+                .failed_by_reason
+                .iter()
+                .map(|(k, n)| (k.as_str().to_owned(), *n))
+                .collect(),
+            confirmed: None,
         }
     }
 
@@ -179,6 +198,12 @@ pub struct RunSpec {
     pub fraction: f64,
     /// Overrides the workload's request rate (the `max_rate` inner search).
     pub rate: Option<f64>,
+    /// Whether the study's constraints may stop the run early (search runs); re-measurement
+    /// and validation runs run to the end, so that their rounds can be pooled.
+    pub abort: bool,
+    /// Added to the workload's seed: another draw of prompts (a confirmation run, each rate
+    /// of the `max_rate` search), so that an engine's prompt cache never serves it warm.
+    pub seed_offset: u64,
 }
 
 /// Starts one engine at a time, runs workloads against it, stops it.
@@ -326,6 +351,13 @@ impl Evaluator for EngineEvaluator {
         if let Some(r) = spec.rate {
             args.request_rate = r;
         }
+        if !spec.abort {
+            args.min_success_rate = None;
+            args.slo.clear();
+        }
+        args.seed = args
+            .seed
+            .wrapping_add(spec.seed_offset.wrapping_mul(0x9E37_79B9));
         if spec.fraction < 1.0 {
             // A screening run draws other prompts than the full run that follows it on the same
             // engine: with the same ones, the engine's prompt cache would serve the full run

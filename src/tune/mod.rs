@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod decide;
 pub mod encode;
 pub mod eval;
 pub mod opt;

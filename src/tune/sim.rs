@@ -77,8 +77,16 @@ impl SimEvaluator {
     }
 
     /// The requests of a workload: the same for every configuration.
-    pub fn requests(&self, w: &SimWorkload, n: usize, rate: f64) -> Vec<SimRequest> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed ^ 0xB0B);
+    pub fn requests(
+        &self,
+        w: &SimWorkload,
+        n: usize,
+        rate: f64,
+        seed_offset: u64,
+    ) -> Vec<SimRequest> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(
+            self.seed ^ 0xB0B ^ seed_offset.wrapping_mul(0x9E37_79B9),
+        );
         let prefix: Vec<u64> = (0..w.prefix_len).map(|i| 1_000_000 + i).collect();
         let mut t = 0.0;
         (0..n)
@@ -190,7 +198,7 @@ impl SimEvaluator {
         let n =
             ((w.num_prompts as f64 * spec.fraction).ceil() as usize).clamp(1, w.num_prompts.max(1));
         let rate = spec.rate.unwrap_or(w.request_rate);
-        let reqs = self.requests(&w, n, rate);
+        let reqs = self.requests(&w, n, rate, spec.seed_offset);
         self.runs += 1;
         let mut sched = Sched::new(
             settings,
@@ -262,6 +270,9 @@ impl SimEvaluator {
             aborted: None,
             tokens_per_joule: None,
             summary: None,
+            resolution: None,
+            failures: BTreeMap::new(),
+            confirmed: None,
         })
     }
 }

@@ -254,9 +254,17 @@ pub struct Remeasure {
     /// Candidates re-measured against the baseline.
     #[serde(default = "top")]
     pub top: u32,
-    /// Rounds of A/B/… interleaving (each measures every candidate and the baseline once).
+    /// Rounds of A/B/… interleaving (each measures every candidate and the baseline once),
+    /// at least; more are run while the decision is inconclusive, up to `max_repeats`.
     #[serde(default = "repeats")]
     pub repeats: u32,
+    /// The cap on rounds (re-measurement, and validation per workload).
+    #[serde(default = "max_repeats")]
+    pub max_repeats: u32,
+}
+
+fn max_repeats() -> u32 {
+    6
 }
 
 fn top() -> u32 {
@@ -271,6 +279,7 @@ impl Default for Remeasure {
         Remeasure {
             top: top(),
             repeats: repeats(),
+            max_repeats: max_repeats(),
         }
     }
 }
@@ -281,6 +290,14 @@ pub struct Validation {
     /// A relative loss against the baseline beyond this on any workload is a regression.
     #[serde(default = "tolerance")]
     pub tolerance: f64,
+    /// Latency statistics of the primary workload that must not get worse beyond the
+    /// tolerance (`ttft:p99`, `tpot:mean`, `itl:p99`, …); `[]` for none.
+    #[serde(default = "guards")]
+    pub guards: Vec<String>,
+}
+
+fn guards() -> Vec<String> {
+    vec!["ttft:p99".into(), "tpot:mean".into()]
 }
 
 fn tolerance() -> f64 {
@@ -291,6 +308,7 @@ impl Default for Validation {
     fn default() -> Self {
         Validation {
             tolerance: tolerance(),
+            guards: guards(),
         }
     }
 }
@@ -321,6 +339,33 @@ pub struct Study {
     /// The study's id in the store: its name, unless the daemon gave this run its own
     /// (`<name>-<UTC time>`), so that every re-tune keeps its own trials.
     pub run_id: Option<String>,
+    /// The fraction of the primary workload's prompts a screening run sends: the file's
+    /// `screening.fraction`, raised so that a screen spans several waves of the workload's
+    /// concurrency (steady state), or 1 (no screening) when that would be most of the run.
+    pub screen_fraction: f64,
+    /// What the file allows that would mislead, said once before the study runs.
+    pub warnings: Vec<String>,
+}
+
+/// Waves of the primary workload's concurrency a screening run spans at least: the first and
+/// last are ramp-up and drain, so a single wave ranks configurations by their transients.
+pub const SCREEN_WAVES: usize = 4;
+
+/// The gate's rules from a study file's constraints and validation settings.
+pub fn rules_of(spec: &StudySpec, limits: &[LatencyLimit]) -> super::decide::Rules {
+    super::decide::Rules {
+        metric: spec.objective.metric,
+        min_success_rate: spec.constraints.min_success_rate,
+        limits: limits.to_vec(),
+        tolerance: spec.validation.tolerance,
+        guards: spec
+            .validation
+            .guards
+            .iter()
+            .map(|g| super::decide::Guard { key: g.clone() })
+            .collect(),
+        alpha: super::decide::ALPHA,
+    }
 }
 
 fn field(f: &str, msg: impl std::fmt::Display) -> TuneError {
@@ -344,6 +389,37 @@ fn resolve_alias(s: &str, what: &str) -> Result<String, TuneError> {
         }
     };
     Ok(p.display().to_string())
+}
+
+/// The screening fraction a primary workload allows (see `Study::screen_fraction`).
+fn screen_fraction(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<String>) -> f64 {
+    let frac = s.screening.fraction;
+    if frac >= 1.0 {
+        return 1.0;
+    }
+    let n = primary.num_prompts.max(1);
+    let conc = match primary.max_concurrency {
+        Some(c) => c.max(1),
+        // All at once with no concurrency limit: a shorter run is another load, not a sample.
+        None if primary.request_rate.is_infinite() => n,
+        None => 1,
+    };
+    let asked = (n as f64 * frac).ceil() as usize;
+    let need = SCREEN_WAVES * conc;
+    if asked >= need {
+        return frac;
+    }
+    if need as f64 > 0.75 * n as f64 {
+        warnings.push(format!(
+            "screening is off: {asked} of {n} prompts at concurrency {conc} is less than {SCREEN_WAVES} waves, and {need} prompts would be most of the run (raise --num-prompts to at least {} to screen)",
+            (need as f64 / 0.75).ceil() as usize
+        ));
+        return 1.0;
+    }
+    warnings.push(format!(
+        "screening runs send {need} prompts ({SCREEN_WAVES} waves at concurrency {conc}) instead of {asked}, so that they measure steady state"
+    ));
+    need as f64 / n as f64
 }
 
 impl Study {
@@ -433,6 +509,29 @@ impl Study {
                 "remeasure.repeats",
                 "needs at least 2 rounds for a confidence interval",
             ));
+        }
+        if s.remeasure.max_repeats < s.remeasure.repeats {
+            return Err(field(
+                "remeasure.max_repeats",
+                format!(
+                    "{} is below remeasure.repeats ({})",
+                    s.remeasure.max_repeats, s.remeasure.repeats
+                ),
+            ));
+        }
+        for (i, g) in s.validation.guards.iter().enumerate() {
+            let ok = g.split_once(':').is_some_and(|(m, st)| {
+                crate::bench::metrics::Metric::parse(m).is_some()
+                    && crate::bench::abort::Stat::parse(st).is_some()
+            });
+            if !ok {
+                return Err(field(
+                    &format!("validation.guards[{i}]"),
+                    format!(
+                        "{g:?} is not METRIC:STAT (ttft:p99, tpot:mean, itl:p99, e2el:median, …)"
+                    ),
+                ));
+            }
         }
         if !(s.validation.tolerance >= 0.0 && s.validation.tolerance < 1.0) {
             return Err(field(
@@ -562,6 +661,25 @@ impl Study {
             }
         }
         let model = resolve_alias(&s.study.model, "study.model")?;
+        let mut warnings = Vec::new();
+        // Guards need their percentile in every run.
+        for (_, b) in workloads.iter_mut() {
+            let mut pcts: Vec<String> = b
+                .metric_percentiles
+                .split(',')
+                .map(|x| x.trim().to_owned())
+                .filter(|x| !x.is_empty())
+                .collect();
+            for g in &s.validation.guards {
+                if let Some(p) = g.split_once(':').and_then(|(_, st)| st.strip_prefix('p')) {
+                    if !pcts.iter().any(|x| x == p) {
+                        pcts.push(p.to_owned());
+                    }
+                }
+            }
+            b.metric_percentiles = pcts.join(",");
+        }
+        let screen_fraction = screen_fraction(s, &workloads[0].1, &mut warnings);
         Ok(Study {
             text: text.to_owned(),
             space_dir,
@@ -570,6 +688,8 @@ impl Study {
             limits,
             spec,
             run_id: None,
+            screen_fraction,
+            warnings,
         })
     }
 

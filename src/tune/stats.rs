@@ -1,77 +1,50 @@
-//! The few statistics the tuner needs: the normal distribution, Student's t quantiles and the
-//! confidence interval of a difference of means (Welch), used to decide whether a candidate
-//! really beats the baseline.
+//! The few statistics the tuner needs: the normal and Student's t distributions (from
+//! `statrs`), and the confidence interval and one-sided p-value of a difference of means
+//! (Welch), which `decide` uses to tell whether a candidate really beats the baseline.
 
 use serde::{Deserialize, Serialize};
+use statrs::distribution::ContinuousCDF;
 
 /// Standard normal density.
 pub fn pdf(z: f64) -> f64 {
-    (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt()
+    use statrs::distribution::Continuous;
+    std_normal().pdf(z)
 }
 
-/// Standard normal distribution function (erfc by Numerical Recipes' Chebyshev fit, relative
-/// error below 1.2e-7 everywhere).
+/// Standard normal distribution function.
 pub fn cdf(z: f64) -> f64 {
-    0.5 * erfc(-z / std::f64::consts::SQRT_2)
+    std_normal().cdf(z)
 }
 
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t
-        * (-z * z - 1.265_512_23
-            + t * (1.000_023_68
-                + t * (0.374_091_96
-                    + t * (0.096_784_18
-                        + t * (-0.186_288_06
-                            + t * (0.278_868_07
-                                + t * (-1.135_203_98
-                                    + t * (1.488_515_87
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
-            .exp();
-    if x >= 0.0 {
-        r
-    } else {
-        2.0 - r
+/// Inverse of the standard normal distribution function, for `p` in (0, 1).
+pub fn normal_quantile(p: f64) -> f64 {
+    std_normal().inverse_cdf(p.clamp(1e-300, 1.0 - 1e-16))
+}
+
+fn std_normal() -> statrs::distribution::Normal {
+    statrs::distribution::Normal::standard()
+}
+
+/// Student's t distribution function at `t` with `df` degrees of freedom (the normal one for
+/// infinite or enormous `df`).
+pub fn t_cdf(t: f64, df: f64) -> f64 {
+    match statrs::distribution::StudentsT::new(0.0, 1.0, df.max(1e-3)) {
+        Ok(d) if df.is_finite() && df < 1e7 => d.cdf(t),
+        _ => cdf(t),
     }
 }
 
-/// Two-sided Student's t quantile `t_{1-alpha/2, df}` for a 95% interval, from the table (exact
-/// to three decimals) with the normal value beyond 120 degrees of freedom.
+/// Student's t quantile `t_{p, df}` (the normal one for infinite or enormous `df`).
+pub fn t_quantile(p: f64, df: f64) -> f64 {
+    match statrs::distribution::StudentsT::new(0.0, 1.0, df.max(1e-3)) {
+        Ok(d) if df.is_finite() && df < 1e7 => d.inverse_cdf(p),
+        _ => normal_quantile(p),
+    }
+}
+
+/// Two-sided Student's t quantile for a 95% interval, `t_{0.975, df}`.
 pub fn t95(df: f64) -> f64 {
-    const TABLE: &[(f64, f64)] = &[
-        (1.0, 12.706),
-        (2.0, 4.303),
-        (3.0, 3.182),
-        (4.0, 2.776),
-        (5.0, 2.571),
-        (6.0, 2.447),
-        (7.0, 2.365),
-        (8.0, 2.306),
-        (9.0, 2.262),
-        (10.0, 2.228),
-        (12.0, 2.179),
-        (15.0, 2.131),
-        (20.0, 2.086),
-        (25.0, 2.060),
-        (30.0, 2.042),
-        (40.0, 2.021),
-        (60.0, 2.000),
-        (120.0, 1.980),
-    ];
-    if !df.is_finite() || df > 120.0 {
-        return 1.960;
-    }
-    let df = df.max(1.0);
-    for w in TABLE.windows(2) {
-        let ((d0, t0), (d1, t1)) = (w[0], w[1]);
-        if df <= d1 {
-            // Interpolate in 1/df, in which t is close to linear.
-            let f = (1.0 / d0 - 1.0 / df) / (1.0 / d0 - 1.0 / d1);
-            return t0 + f * (t1 - t0);
-        }
-    }
-    1.980
+    t_quantile(0.975, df)
 }
 
 /// Mean, sample standard deviation and count.
@@ -122,7 +95,12 @@ pub fn mean_interval(xs: &[f64]) -> Option<(f64, f64)> {
     Some((m, h))
 }
 
-/// A difference of means `a - b` with its 95% confidence interval, also as a percentage of `b`.
+fn nan() -> f64 {
+    f64::NAN
+}
+
+/// A difference of means `a - b` with its 95% confidence interval, also as a percentage of `b`,
+/// the Welch degrees of freedom and the one-sided p-value of "a is not above b".
 /// A bound that is unknown (one run on a side) reads as NaN after a round trip.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Diff {
@@ -144,39 +122,55 @@ pub struct Diff {
     pub pct_high: f64,
     pub n_a: usize,
     pub n_b: usize,
+    /// Welch–Satterthwaite degrees of freedom (NaN with one run on a side).
+    #[serde(default = "nan", with = "nullable")]
+    pub df: f64,
+    /// One-sided p-value of the null hypothesis `mean(a) <= mean(b)` (NaN when unknown).
+    #[serde(default = "nan", with = "nullable")]
+    pub p_gain: f64,
 }
 
 impl Diff {
-    /// Whether the interval lies entirely above zero (an unknown bound is not).
+    /// Whether the 95% interval lies entirely above zero (an unknown bound is not). The
+    /// recommendation itself uses `decide`, which corrects for the number of candidates.
     pub fn significant_gain(&self) -> bool {
         self.low > 0.0 && self.low.is_finite()
-    }
-    /// Whether the interval lies entirely below zero.
-    pub fn significant_loss(&self) -> bool {
-        self.high < 0.0
     }
 }
 
 /// Welch's interval for `mean(a) - mean(b)`. With one sample on a side its variance is unknown
 /// and the interval is infinite.
 pub fn welch(a: &[f64], b: &[f64]) -> Diff {
+    welch_with_resolution(a, b, 0.0)
+}
+
+/// As `welch`, for values read with a finite `resolution` (the `max_rate` search finds a rate
+/// to within a bracket): each value carries at least the variance of a uniform rounding error,
+/// `resolution² / 12`, so identical rounds do not make a zero-width interval.
+pub fn welch_with_resolution(a: &[f64], b: &[f64], resolution: f64) -> Diff {
     let (ma, sa, na) = mean_sd(a);
     let (mb, sb, nb) = mean_sd(b);
     let diff = ma - mb;
-    let (low, high) = if na < 2 || nb < 2 {
-        (f64::NEG_INFINITY, f64::INFINITY)
+    let floor = if resolution.is_finite() && resolution > 0.0 {
+        resolution * resolution / 12.0
     } else {
-        let va = sa * sa / na as f64;
-        let vb = sb * sb / nb as f64;
+        0.0
+    };
+    let (low, high, df, p_gain) = if na < 2 || nb < 2 {
+        (f64::NEG_INFINITY, f64::INFINITY, f64::NAN, f64::NAN)
+    } else {
+        let va = (sa * sa).max(floor) / na as f64;
+        let vb = (sb * sb).max(floor) / nb as f64;
         let se = (va + vb).sqrt();
-        let df = if se == 0.0 {
-            f64::INFINITY
+        if se == 0.0 {
+            let p = if diff > 0.0 { 0.0 } else { 1.0 };
+            (diff, diff, f64::INFINITY, p)
         } else {
-            (va + vb).powi(2)
-                / (va * va / (na - 1) as f64 + vb * vb / (nb - 1) as f64).max(f64::MIN_POSITIVE)
-        };
-        let h = t95(df) * se;
-        (diff - h, diff + h)
+            let df = (va + vb).powi(2)
+                / (va * va / (na - 1) as f64 + vb * vb / (nb - 1) as f64).max(f64::MIN_POSITIVE);
+            let h = t95(df) * se;
+            (diff - h, diff + h, df, 1.0 - t_cdf(diff / se, df))
+        }
     };
     let pct = |x: f64| if mb != 0.0 { 100.0 * x / mb } else { f64::NAN };
     Diff {
@@ -190,6 +184,8 @@ pub fn welch(a: &[f64], b: &[f64]) -> Diff {
         pct_high: pct(high),
         n_a: na,
         n_b: nb,
+        df,
+        p_gain,
     }
 }
 
@@ -205,10 +201,29 @@ mod tests {
     }
 
     #[test]
-    fn t_quantiles_match_the_table_and_tend_to_normal() {
-        assert!((t95(4.0) - 2.776).abs() < 1e-9);
-        assert!((t95(11.0) - 2.201).abs() < 0.005, "{}", t95(11.0));
-        assert!((t95(1e6) - 1.96).abs() < 1e-9);
+    fn t_quantiles_match_published_tables_and_tend_to_normal() {
+        // Student's t tables: t_{0.975} at 4 and 11 degrees of freedom; 2.5% one-sided at 2.
+        assert!((t95(4.0) - 2.776_445).abs() < 1e-5, "{}", t95(4.0));
+        assert!((t95(11.0) - 2.200_985).abs() < 1e-5, "{}", t95(11.0));
+        assert!((t95(1e9) - 1.959_964).abs() < 1e-5);
+        assert!((t_cdf(4.302_653, 2.0) - 0.975).abs() < 1e-6);
+        assert!((normal_quantile(0.99) - 2.326_348).abs() < 1e-6);
+    }
+
+    #[test]
+    fn welch_p_value_is_one_sided_and_identical_rounds_with_a_resolution_are_not_certain() {
+        let a = [10.0, 11.0, 11.0, 12.0];
+        let b = [9.0, 10.0, 10.0, 11.0];
+        let d = welch(&a, &b);
+        // t = 1 / 0.57735 = 1.732 at 6 df: one-sided p = 0.0670.
+        assert!((d.p_gain - 0.067).abs() < 1e-3, "{d:?}");
+        assert!((d.df - 6.0).abs() < 1e-9);
+        // max_rate rounds that all read 4.0 vs 2.83 (one bisection step apart): without the
+        // resolution a zero-width interval; with it, a finite interval and a p-value above 0.
+        let same = welch(&[4.0, 4.0, 4.0], &[2.83, 2.83, 2.83]);
+        assert_eq!(same.low, same.high);
+        let r = welch_with_resolution(&[4.0, 4.0, 4.0], &[2.83, 2.83, 2.83], 1.17);
+        assert!(r.low < r.diff && r.p_gain > 0.0, "{r:?}");
     }
 
     #[test]

@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::decide::Comparison;
+use super::decide::{self, Check, Decision, Pending};
 use super::eval::{Evaluator, Measurement, RunSpec, TrialFailure};
 use super::opt::{self, Obs, Optimizer};
 use super::spec::{Metric, Study};
-use super::stats::{welch, Diff};
 use super::TuneError;
 use crate::space::{Config, Space};
 use crate::store::{Store, StoreError};
@@ -130,38 +131,44 @@ pub struct TrialRecord {
     pub saved_s: f64,
     /// How many times it was started (more than 1 after an interruption).
     pub attempts: u32,
+    /// Of those, how many servetune ended itself without a result (an operator's pause,
+    /// cancel or stop; an infrastructure error): the others ended with servetune killed.
+    #[serde(default)]
+    pub stopped: u32,
     /// Seconds from spawning the engine to its first answered request.
     #[serde(default)]
     pub startup_s: Option<f64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Comparison {
-    pub candidate: u32,
-    pub command: Option<String>,
-    /// candidate − baseline, with its 95% interval; `None` when a round failed.
-    pub diff: Option<Diff>,
-    pub disqualified: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ValidationRow {
-    pub workload: String,
-    pub diff: Option<Diff>,
-    pub regression: bool,
-    pub note: Option<String>,
+/// How many interleaved rounds the decision took, and why they stopped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rounds {
+    pub remeasure: u32,
+    pub validation: u32,
+    pub why: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     pub metric: String,
     pub baseline_trial: u32,
+    /// The configuration to run, when the gate (`decide`) recommends one.
     pub recommended: Option<u32>,
     pub recommended_command: Option<String>,
     pub recommended_config: Option<Config>,
     pub comparisons: Vec<Comparison>,
     pub verdict: String,
-    pub validation: Vec<ValidationRow>,
+    /// The candidate the checks are about (recommended, or the one that came closest).
+    #[serde(default)]
+    pub leader: Option<u32>,
+    /// The leader against the defaults on every workload, as the gate judged it.
+    #[serde(default)]
+    pub checks: Vec<Check>,
+    /// Why the defaults miss the constraints in their pooled rounds, if they do.
+    #[serde(default)]
+    pub baseline_infeasible: Option<String>,
+    #[serde(default)]
+    pub rounds: Rounds,
     pub search_trials: u32,
     pub screened_only: u32,
     pub bench_s: f64,
@@ -197,6 +204,9 @@ pub struct BestRecord {
     pub improved: bool,
     pub at: f64,
 }
+
+/// Times servetune may be killed while one trial runs before that trial counts as failed.
+pub const MAX_KILLS: u32 = 3;
 
 pub fn trial_key(study: &str, seq: u32) -> String {
     format!("{study}/{seq:06}")
@@ -388,37 +398,98 @@ impl<E: Evaluator> Runner<E> {
             bench_s: 0.0,
             saved_s: 0.0,
             attempts: 1,
+            stopped: 0,
             startup_s: None,
         }
     }
 
-    fn obs(t: &TrialRecord) -> Obs {
+    /// What the optimiser learns from a trial. A promoted trial is known by its full run; a
+    /// screened-out one only by its screen, a low-fidelity reading: its screen value is scaled
+    /// by `screen_to_full`, the median ratio of full to screen runs among the promoted trials,
+    /// so that a short run's ramp-up and drain do not bias it against the full runs.
+    fn obs(t: &TrialRecord, screen_to_full: f64, metric: Metric) -> Obs {
+        let estimate = match (t.objective, t.screen_objective, t.promoted) {
+            (Some(full), _, _) => Some(full),
+            (None, Some(s), false) => Some(s * screen_to_full),
+            (None, Some(s), true) => Some(s),
+            _ => None,
+        };
         Obs {
             config: t.config.clone(),
             value: if t.status == TrialStatus::Ok {
-                t.screen_objective
+                estimate
             } else {
                 None
             },
             failed: t.status == TrialStatus::Failed,
-            measured: t.screen_objective,
+            measured: t
+                .full
+                .as_ref()
+                .and_then(|m| m.objective(metric))
+                .or(t.screen_objective),
         }
     }
 
+    /// The median full/screen ratio of the promoted trials (1 without any).
+    fn screen_to_full(search: &[TrialRecord]) -> f64 {
+        let mut r: Vec<f64> = search
+            .iter()
+            .filter_map(|t| match (t.objective, t.screen_objective) {
+                (Some(f), Some(s)) if s > 0.0 && t.screen.is_some() && t.full.is_some() => {
+                    Some(f / s)
+                }
+                _ => None,
+            })
+            .filter(|x| x.is_finite())
+            .collect();
+        if r.is_empty() {
+            return 1.0;
+        }
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    }
+
+    /// Seconds the study has spent running trials: the time it was paused or stopped between
+    /// trials does not count against `budget.wall_time_s`.
+    pub fn active_s(all: &[TrialRecord]) -> f64 {
+        let now = unix_now();
+        all.iter()
+            .map(|t| (t.ended.unwrap_or(now) - t.started).max(0.0))
+            .sum()
+    }
+
+    /// The fewest search trials before convergence may stop the search: the file's
+    /// `min_trials`, raised to the optimiser's floor (`opt::convergence_floor`).
+    fn min_trials(&self, rec: &StudyRecord) -> u32 {
+        let spec = &self.study.spec;
+        spec.stopping.min_trials.max(opt::convergence_floor(
+            spec.study.optimizer,
+            &self.space,
+            rec.warm_start.len(),
+        ))
+    }
+
     /// Why the search should stop now, if it should.
-    fn stop_reason(&self, search: &[TrialRecord], rec: &StudyRecord) -> Option<String> {
+    fn stop_reason(
+        &self,
+        search: &[TrialRecord],
+        all: &[TrialRecord],
+        rec: &StudyRecord,
+    ) -> Option<String> {
         let spec = &self.study.spec;
         let n = search.len() as u32;
         if n >= spec.budget.trials {
             return Some(format!("budget: {n} trials"));
         }
         if let Some(w) = spec.budget.wall_time_s {
-            let used = unix_now() - rec.created;
+            let used = Self::active_s(all);
             if used >= w {
-                return Some(format!("budget: wall time {used:.0} s ≥ {w:.0} s"));
+                return Some(format!(
+                    "budget: {used:.0} s of trials ≥ wall time {w:.0} s"
+                ));
             }
         }
-        if n < spec.stopping.min_trials {
+        if n == 0 || n < self.min_trials(rec) {
             return None;
         }
         let mut best: Option<f64> = None;
@@ -431,7 +502,7 @@ impl<E: Evaluator> Runner<E> {
                 best = Some(best.map_or(v, |b| b.max(v)));
             }
         }
-        let since = search.len() - 1 - last_improvement;
+        let since = search.len().saturating_sub(1 + last_improvement);
         if since as u32 >= spec.stopping.patience {
             return Some(format!(
                 "converged: no improvement above {:.1}% in the last {since} trials",
@@ -450,7 +521,49 @@ impl<E: Evaluator> Runner<E> {
         None
     }
 
+    /// A trial found `Running` at a resume: run it again, unless servetune was killed while it
+    /// ran `MAX_KILLS` times already (a trial that takes the host down, e.g. an out-of-memory
+    /// kill, would otherwise be retried forever); then it is recorded as failed.
+    fn resume_trial(&mut self, t: &TrialRecord) -> TrialRecord {
+        let mut t = t.clone();
+        let kills = t.attempts.saturating_sub(t.stopped);
+        if kills >= MAX_KILLS {
+            t.status = TrialStatus::Failed;
+            t.ended = Some(unix_now());
+            t.failure = Some(TrialFailure {
+                class: "crash".into(),
+                evidence: format!(
+                    "servetune was killed {kills} times while this trial ran (out of memory on the host?); not run again"
+                ),
+                log_excerpt: String::new(),
+            });
+            let msg = format!(
+                "trial {} killed servetune {kills} times: recorded as failed",
+                t.seq
+            );
+            self.say(&msg);
+            return t;
+        }
+        t.attempts += 1;
+        t.started = unix_now();
+        t.ended = None;
+        t.failure = None;
+        let msg = format!("trial {} was interrupted; running it again", t.seq);
+        self.say(&msg);
+        t
+    }
+
     async fn search(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
+        let floor = self.min_trials(rec);
+        if floor > self.study.spec.stopping.min_trials {
+            let msg = format!(
+                "note: stopping.min_trials = {} is below what the optimiser needs before convergence can be judged ({} baselines/warm-start/start-up and model trials for {} parameters); convergence will not stop the search before trial {floor}",
+                self.study.spec.stopping.min_trials,
+                floor,
+                self.space.params.len()
+            );
+            self.say(&msg);
+        }
         // Proposal and its trial run until the budget or convergence says stop.
         loop {
             self.check_cancel()?;
@@ -465,22 +578,25 @@ impl<E: Evaluator> Runner<E> {
                 .find(|t| t.kind == TrialKind::Search && t.status == TrialStatus::Running)
             {
                 Some(t) => {
-                    let mut t = t.clone();
-                    t.attempts += 1;
-                    t.started = unix_now();
-                    let msg = format!("trial {} was interrupted; running it again", t.seq);
-                    self.say(&msg);
+                    let t = self.resume_trial(t);
+                    if t.status == TrialStatus::Failed {
+                        self.put_trial(&t)?;
+                        continue;
+                    }
                     t
                 }
                 None => {
-                    if let Some(reason) = self.stop_reason(&search, rec) {
+                    if let Some(reason) = self.stop_reason(&search, &all, rec) {
                         self.say(&format!("search stopped: {reason}"));
                         rec.stop_reason = Some(reason);
                         rec.phase = Phase::Remeasure;
                         self.save(rec)?;
                         return Ok(());
                     }
-                    let history: Vec<Obs> = search.iter().map(Self::obs).collect();
+                    let ratio = Self::screen_to_full(&search);
+                    let metric = self.metric();
+                    let history: Vec<Obs> =
+                        search.iter().map(|t| Self::obs(t, ratio, metric)).collect();
                     let p = match self.optimizer.propose(&history) {
                         Ok(p) => p,
                         Err(e) => {
@@ -512,12 +628,24 @@ impl<E: Evaluator> Runner<E> {
                     _ => t.screen_objective,
                 })
                 .collect();
+            // The best full-run value so far: a narrow miss above it is confirmed.
+            let best_full = search
+                .iter()
+                .filter_map(|t| t.objective)
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))));
             let is_baseline = self.space.baselines().contains(&trial.config);
             let cancel = self.cancel.clone();
-            match guarded(cancel, self.search_trial(&mut trial, &screens, is_baseline)).await {
+            match guarded(
+                cancel,
+                self.search_trial(&mut trial, &screens, best_full, is_baseline),
+            )
+            .await
+            {
                 Some(r) => r?,
                 None => {
                     let _ = self.eval.stop().await;
+                    trial.stopped += 1;
+                    self.put_trial(&trial)?;
                     return Err(TuneError::Interrupted);
                 }
             }
@@ -568,11 +696,16 @@ impl<E: Evaluator> Runner<E> {
         )
     }
 
-    /// One run of a workload: plain, or the inner search over the request rate.
+    /// One run of a workload: plain, or the inner search over the request rate. `abort`: the
+    /// study's constraints stop the run early once it misses them beyond doubt (search runs);
+    /// re-measurement and validation runs always run to the end, so that they can be pooled.
+    /// `seed_offset` draws other prompts (a confirmation run on the same engine).
     async fn measure(
         &mut self,
         workload: usize,
         fraction: f64,
+        abort: bool,
+        seed_offset: u64,
     ) -> Result<Measurement, TrialFailure> {
         let o = self.study.spec.objective.clone();
         if o.metric != Metric::MaxRate {
@@ -582,23 +715,35 @@ impl<E: Evaluator> Runner<E> {
                     workload,
                     fraction,
                     rate: None,
+                    abort,
+                    seed_offset,
                 })
                 .await;
         }
         let min_s = self.study.spec.constraints.min_success_rate;
         let limits = self.study.limits.clone();
-        let at = |rate: f64| RunSpec {
-            workload,
-            fraction,
-            rate: Some(rate),
+        // Every inner run draws its own prompts: with the same ones, the engine's prefix cache
+        // would serve the later rates warm and inflate the rate found.
+        let mut runs = 0u64;
+        let mut at = |rate: f64| {
+            runs += 1;
+            RunSpec {
+                workload,
+                fraction,
+                rate: Some(rate),
+                abort: true,
+                seed_offset: seed_offset.wrapping_mul(1000).wrapping_add(runs),
+            }
         };
         let (mut lo, mut hi) = (o.rate_min, o.rate_max);
-        let first = self.eval.run(&at(lo)).await?;
+        let mut first = self.eval.run(&at(lo)).await?;
         if first.violation(min_s, &limits).is_some() {
+            first.resolution = Some(lo);
             return Ok(first);
         }
-        let top = self.eval.run(&at(hi)).await?;
+        let mut top = self.eval.run(&at(hi)).await?;
         if top.violation(min_s, &limits).is_none() {
+            top.resolution = Some(0.0);
             return Ok(top);
         }
         let mut best = first;
@@ -612,6 +757,8 @@ impl<E: Evaluator> Runner<E> {
                 hi = mid;
             }
         }
+        // The rate found is `lo`; the true boundary lies in [lo, hi).
+        best.resolution = Some(hi - lo);
         Ok(best)
     }
 
@@ -621,38 +768,91 @@ impl<E: Evaluator> Runner<E> {
             .join(format!("trial-{seq:04}"))
     }
 
+    /// Whether a run that missed the constraints missed them narrowly: by one failed request,
+    /// or a latency statistic within 10% of its limit. Such a miss of a promising
+    /// configuration is confirmed by a second run before the trial is called infeasible.
+    fn narrow_miss(&self, m: &Measurement) -> bool {
+        let min_s = self.study.spec.constraints.min_success_rate;
+        let sent = m.completed + m.failed;
+        let success_short = m.success_rate < min_s;
+        if success_short {
+            return m.failed <= 1
+                || (sent > 0 && ((1.0 - min_s) * sent as f64) + 1.0 >= m.failed as f64);
+        }
+        self.study.limits.iter().all(|l| {
+            m.latencies_ms
+                .get(&super::eval::latency_key(l))
+                .is_none_or(|v| *v <= 1.1 * l.limit_ms)
+        })
+    }
+
+    /// One run of the primary workload in a search trial, confirmed once with other prompts
+    /// when it misses the constraints narrowly and `promising` says it could be the best.
+    async fn checked_run(
+        &mut self,
+        t: &mut TrialRecord,
+        fraction: f64,
+        promising: impl Fn(&Measurement) -> bool,
+    ) -> Result<Measurement, TrialFailure> {
+        let min_s = self.study.spec.constraints.min_success_rate;
+        let limits = self.study.limits.clone();
+        let m = self.measure(0, fraction, true, 0).await?;
+        t.bench_s += m.duration_s;
+        let Some(why) = m.violation(min_s, &limits) else {
+            return Ok(m);
+        };
+        if !(self.narrow_miss(&m) && promising(&m)) {
+            return Ok(m);
+        }
+        let msg = format!(
+            "trial #{} missed the constraints narrowly ({why}); confirming with a second run",
+            t.seq
+        );
+        self.say(&msg);
+        let mut again = self.measure(0, fraction, true, 1).await?;
+        t.bench_s += again.duration_s;
+        again.confirmed = Some(format!(
+            "a first run missed the constraints narrowly ({why}); this second run replaces it"
+        ));
+        Ok(again)
+    }
+
     /// A search trial: start, screen, maybe the full run, stop.
     async fn search_trial(
         &mut self,
         t: &mut TrialRecord,
         screens: &[f64],
+        best_full: Option<f64>,
         baseline: bool,
     ) -> Result<(), TuneError> {
         let spec = self.study.spec.clone();
         let metric = spec.objective.metric;
         let min_s = spec.constraints.min_success_rate;
         let limits = self.study.limits.clone();
-        let frac = spec.screening.fraction;
+        let frac = self.study.screen_fraction;
         let dir = self.trial_dir(t.seq);
+        // Tokens per joule is known only once the engine stops: screen on throughput.
+        let screen_value = move |m: &Measurement| match metric {
+            Metric::TokensPerJoule => m.output_throughput,
+            _ => m.objective(metric).unwrap_or(0.0),
+        };
+        let best_screen = screens.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let result: Result<(), TrialFailure> = async {
             let started = self.eval.start(&t.config, &dir).await?;
             t.startup_s = Some(started.startup_s);
             t.command = Some(started.command);
             t.engine = Some(started.engine);
             t.engine_version = started.engine_version;
-            let screen = self.measure(0, frac).await?;
-            t.bench_s += screen.duration_s;
+            let screen = self
+                .checked_run(t, frac, |m| baseline || screen_value(m) >= best_screen)
+                .await?;
             t.early_stop = screen.violation(min_s, &limits);
             t.screen_objective = screen.objective(metric);
             t.screen = Some(screen.clone());
             if t.early_stop.is_some() {
                 return Ok(());
             }
-            // Tokens per joule is known only once the engine stops: screen on throughput.
-            let v = match metric {
-                Metric::TokensPerJoule => screen.output_throughput,
-                _ => t.screen_objective.unwrap_or(0.0),
-            };
+            let v = screen_value(&screen);
             let mut all: Vec<f64> = screens.to_vec();
             all.push(v);
             all.sort_by(f64::total_cmp);
@@ -667,9 +867,13 @@ impl<E: Evaluator> Runner<E> {
             let full = if frac >= 1.0 {
                 screen
             } else {
-                let f = self.measure(0, 1.0).await?;
-                t.bench_s += f.duration_s;
-                f
+                // Promoted: its screen ranks it near the top, so a narrow miss is confirmed.
+                self.checked_run(t, 1.0, |m| {
+                    baseline
+                        || v >= best_screen
+                        || best_full.is_none_or(|b| m.objective(metric).unwrap_or(0.0) >= b)
+                })
+                .await?
             };
             t.early_stop = full.violation(min_s, &limits);
             if t.early_stop.is_none() {
@@ -720,8 +924,20 @@ impl<E: Evaluator> Runner<E> {
         }
         t.status = match result {
             Err(f) if f.class == "infrastructure" => {
+                // servetune could not do its part (a foreign GPU process, a missing binary,
+                // an I/O error): that says nothing about the configuration. The trial stays
+                // `running`, so that it runs again once the cause is fixed and the study is
+                // resumed; the failure is kept for the record.
                 t.failure = Some(f.clone());
-                t.status = TrialStatus::Failed;
+                t.status = TrialStatus::Running;
+                t.stopped += 1;
+                t.ended = None;
+                t.screen = None;
+                t.full = None;
+                t.screen_objective = None;
+                t.objective = None;
+                t.early_stop = None;
+                t.promoted = false;
                 self.put_trial(t)?;
                 return Err(TuneError::Infrastructure(f.evidence));
             }
@@ -766,7 +982,7 @@ impl<E: Evaluator> Runner<E> {
         c
     }
 
-    /// Runs the measurements of `plan` that have no finished record yet; `kind_of` names each.
+    /// Runs the measurements of `plan` that have no finished record yet.
     async fn run_plan(
         &mut self,
         rec: &StudyRecord,
@@ -779,9 +995,12 @@ impl<E: Evaluator> Runner<E> {
             let existing = all.iter().find(|t| t.kind == kind).cloned();
             let mut t = match existing {
                 Some(t) if t.status != TrialStatus::Running => continue,
-                Some(mut t) => {
-                    t.attempts += 1;
-                    t.started = unix_now();
+                Some(t) => {
+                    let t = self.resume_trial(&t);
+                    if t.status == TrialStatus::Failed {
+                        self.put_trial(&t)?;
+                        continue;
+                    }
                     t
                 }
                 None => {
@@ -814,7 +1033,8 @@ impl<E: Evaluator> Runner<E> {
                     t.command = Some(started.command);
                     t.engine = Some(started.engine);
                     t.engine_version = started.engine_version;
-                    let m = self.measure(workload, 1.0).await?;
+                    // To the end, never stopped early: the rounds are pooled.
+                    let m = self.measure(workload, 1.0, false, 0).await?;
                     t.bench_s = m.duration_s;
                     t.early_stop = m.violation(min_s, &limits);
                     t.screen_objective = m.objective(metric);
@@ -833,6 +1053,8 @@ impl<E: Evaluator> Runner<E> {
                 Some(r) => r?,
                 None => {
                     let _ = self.eval.stop().await;
+                    t.stopped += 1;
+                    self.put_trial(&t)?;
                     return Err(TuneError::Interrupted);
                 }
             }
@@ -845,22 +1067,68 @@ impl<E: Evaluator> Runner<E> {
                 TrialKind::Search => "search".into(),
             };
             let v = t
-                .objective
+                .full
+                .as_ref()
+                .and_then(|m| decide::value_of(metric, m))
                 .map(|v| format!("{v:.1}"))
                 .unwrap_or_else(|| format!("{:?}", t.status).to_lowercase());
-            self.say(&format!("{label} ({}/{total}): #{candidate} → {v}", i + 1));
+            let miss = t
+                .early_stop
+                .as_deref()
+                .map(|e| format!(" (misses: {e})"))
+                .unwrap_or_default();
+            self.say(&format!(
+                "{label} ({}/{total}): #{candidate} → {v}{miss}",
+                i + 1
+            ));
         }
         Ok(())
     }
 
-    async fn remeasure(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
-        let all = trials(&self.store, &rec.id)?;
+    /// The defaults and the candidates to re-measure: the defaults are always an arm, unless
+    /// they failed to start (a classified engine failure: nothing to measure).
+    fn arms(&self, all: &[TrialRecord]) -> Option<(TrialRecord, Vec<u32>)> {
         let search: Vec<TrialRecord> = all
             .iter()
             .filter(|t| t.kind == TrialKind::Search)
             .cloned()
             .collect();
-        let Some(base) = self.baseline_of(&search) else {
+        let base = self.baseline_of(&search)?;
+        let cands = self
+            .candidates(&search, &base)
+            .iter()
+            .map(|t| t.seq)
+            .collect();
+        Some((base, cands))
+    }
+
+    fn baseline_started(base: &TrialRecord) -> bool {
+        base.command.is_some() && !(base.status == TrialStatus::Failed && base.screen.is_none())
+    }
+
+    /// The gate's answer on the records so far (`last`: no more rounds may be run).
+    fn decision(&self, all: &[TrialRecord], last: bool) -> Option<Decision> {
+        let (base, cands) = self.arms(all)?;
+        let names = self.eval.workloads();
+        let rules = super::spec::rules_of(&self.study.spec, &self.study.limits);
+        Some(decide::decide(
+            &rules,
+            &decide::Input {
+                workloads: &names,
+                baseline: &base,
+                candidates: &cands,
+                trials: all,
+                last,
+            },
+        ))
+    }
+
+    /// Interleaved rounds of the primary workload: the defaults and every candidate, A B C,
+    /// C B A, …; at least `repeats`, then more while the gate says another round could change
+    /// its answer, up to `max_repeats`.
+    async fn remeasure(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
+        let all = trials(&self.store, &rec.id)?;
+        let Some((base, cands)) = self.arms(&all) else {
             rec.phase = Phase::Done;
             rec.outcome = None;
             self.save(rec)?;
@@ -868,340 +1136,198 @@ impl<E: Evaluator> Runner<E> {
                 "no baseline trial was recorded".into(),
             ));
         };
-        let cands = self.candidates(&search, &base);
-        // Defaults that failed or missed the constraints are not re-measured: there is nothing
-        // to compare with, the candidates are re-measured for their stability alone.
-        let mut arms: Vec<u32> = if base.status == TrialStatus::Ok {
+        let mut arms: Vec<u32> = if Self::baseline_started(&base) {
             vec![base.seq]
         } else {
             Vec::new()
         };
-        arms.extend(cands.iter().map(|c| c.seq));
-        let mut plan = Vec::new();
-        if !cands.is_empty() {
-            for round in 0..self.study.spec.remeasure.repeats {
-                // A B C, C B A, …: every arm sees early and late slots alike.
-                let order: Vec<u32> = if round % 2 == 0 {
-                    arms.clone()
-                } else {
-                    arms.iter().rev().cloned().collect()
-                };
-                for a in order {
-                    plan.push((
+        arms.extend(cands.iter().copied());
+        if cands.is_empty() {
+            rec.phase = Phase::Validate;
+            return self.save(rec);
+        }
+        let (min, max) = (
+            self.study.spec.remeasure.repeats,
+            self.study.spec.remeasure.max_repeats,
+        );
+        self.say(&format!(
+            "re-measuring the defaults #{} and {} candidate(s), {min} to {max} rounds interleaved",
+            base.seq,
+            cands.len(),
+        ));
+        let mut round = 0;
+        loop {
+            if round >= min {
+                let all = trials(&self.store, &rec.id)?;
+                let d = self.decision(&all, round >= max);
+                if d.as_ref().is_none_or(|d| d.pending != Pending::Remeasure) || round >= max {
+                    break;
+                }
+                self.say(&format!(
+                    "after {round} rounds the gain is not settled ({}); another round",
+                    d.map(|d| d.verdict).unwrap_or_default()
+                ));
+            }
+            let order: Vec<u32> = if round % 2 == 0 {
+                arms.clone()
+            } else {
+                arms.iter().rev().copied().collect()
+            };
+            let plan = order
+                .into_iter()
+                .map(|a| {
+                    (
                         TrialKind::Remeasure {
                             round,
                             candidate: a,
                         },
                         a,
                         0,
-                    ));
-                }
-            }
-            self.say(&format!(
-                "re-measuring the baseline #{} and {} candidate(s), {} rounds interleaved",
-                base.seq,
-                cands.len(),
-                self.study.spec.remeasure.repeats
-            ));
+                    )
+                })
+                .collect();
+            self.run_plan(rec, plan).await?;
+            round += 1;
         }
-        self.run_plan(rec, plan).await?;
         rec.phase = Phase::Validate;
         self.save(rec)
     }
 
-    fn values(all: &[TrialRecord], pred: impl Fn(&TrialKind) -> bool) -> Result<Vec<f64>, String> {
-        let mut v = Vec::new();
-        for t in all.iter().filter(|t| pred(&t.kind)) {
-            match (t.status, t.objective) {
-                (TrialStatus::Ok, Some(x)) => v.push(x),
-                (s, _) => {
-                    return Err(format!(
-                        "trial #{} was {}: {}",
-                        t.seq,
-                        format!("{s:?}").to_lowercase(),
-                        t.failure
-                            .as_ref()
-                            .map(|f| f.evidence.clone())
-                            .or(t.early_stop.clone())
-                            .unwrap_or_default()
-                    ))
-                }
-            }
-        }
-        Ok(v)
-    }
-
-    fn compare(&self, all: &[TrialRecord], base: u32, cands: &[u32]) -> Vec<Comparison> {
-        let bvals = Self::values(
-            all,
-            |k| matches!(k, TrialKind::Remeasure { candidate, .. } if *candidate == base),
-        );
-        cands
-            .iter()
-            .map(|c| {
-                let cvals = Self::values(
-                    all,
-                    |k| matches!(k, TrialKind::Remeasure { candidate, .. } if candidate == c),
-                );
-                let command = all
-                    .iter()
-                    .find(|t| t.seq == *c)
-                    .and_then(|t| t.command.clone());
-                match (&bvals, cvals) {
-                    (Ok(b), Ok(v)) => Comparison {
-                        candidate: *c,
-                        command,
-                        diff: Some(welch(&v, b)),
-                        disqualified: None,
-                    },
-                    (Err(e), _) => Comparison {
-                        candidate: *c,
-                        command,
-                        diff: None,
-                        disqualified: Some(format!("the baseline failed a round: {e}")),
-                    },
-                    (_, Err(e)) => Comparison {
-                        candidate: *c,
-                        command,
-                        diff: None,
-                        disqualified: Some(e),
-                    },
-                }
+    fn rounds_of(all: &[TrialRecord], remeasure: bool) -> u32 {
+        all.iter()
+            .filter_map(|t| match (&t.kind, remeasure) {
+                (TrialKind::Remeasure { round, .. }, true) => Some(round + 1),
+                (TrialKind::Validate { round, .. }, false) => Some(round + 1),
+                _ => None,
             })
-            .collect()
+            .max()
+            .unwrap_or(0)
     }
 
-    /// Candidates on their own (the defaults failed): each one's re-measured values, as a
-    /// "difference" from zero (`mean_a`, `low`, `high` are the candidate's mean and interval).
-    fn stability(&self, all: &[TrialRecord], cands: &[u32]) -> Vec<Comparison> {
-        cands
-            .iter()
-            .map(|c| {
-                let vals = Self::values(
-                    all,
-                    |k| matches!(k, TrialKind::Remeasure { candidate, .. } if candidate == c),
-                );
-                let command = all
-                    .iter()
-                    .find(|t| t.seq == *c)
-                    .and_then(|t| t.command.clone());
-                match vals.map(|v| (super::stats::mean_interval(&v), v.len())) {
-                    Ok((Some((m, h)), n)) => Comparison {
-                        candidate: *c,
-                        command,
-                        diff: Some(Diff {
-                            mean_a: m,
-                            mean_b: 0.0,
-                            diff: m,
-                            low: m - h,
-                            high: m + h,
-                            pct: f64::NAN,
-                            pct_low: f64::NAN,
-                            pct_high: f64::NAN,
-                            n_a: n,
-                            n_b: 0,
-                        }),
-                        disqualified: None,
-                    },
-                    Ok((None, _)) => Comparison {
-                        candidate: *c,
-                        command,
-                        diff: None,
-                        disqualified: Some("no re-measurement".into()),
-                    },
-                    Err(e) => Comparison {
-                        candidate: *c,
-                        command,
-                        diff: None,
-                        disqualified: Some(e),
-                    },
-                }
-            })
-            .collect()
-    }
-
+    /// The leader and the defaults on every other workload, interleaved, while the gate asks
+    /// for validation (up to the cap); then the final decision, the outcome and the best record.
     async fn validate(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
         let all = trials(&self.store, &rec.id)?;
-        let search: Vec<TrialRecord> = all
-            .iter()
-            .filter(|t| t.kind == TrialKind::Search)
-            .cloned()
-            .collect();
-        let base = self
-            .baseline_of(&search)
+        let (base, _) = self
+            .arms(&all)
             .ok_or_else(|| TuneError::Infrastructure("no baseline trial was recorded".into()))?;
-        let cands: Vec<u32> = self
-            .candidates(&search, &base)
-            .iter()
-            .map(|t| t.seq)
-            .collect();
-        let base_ok = base.status == TrialStatus::Ok;
-        let comparisons = if base_ok {
-            self.compare(&all, base.seq, &cands)
-        } else {
-            self.stability(&all, &cands)
-        };
-        let winner = comparisons
-            .iter()
-            .filter(|c| {
-                c.diff.as_ref().is_some_and(|d| {
-                    if base_ok {
-                        d.significant_gain()
-                    } else {
-                        d.n_a > 0
-                    }
-                })
-            })
-            .max_by(|a, b| {
-                a.diff
-                    .as_ref()
-                    .map(|d| d.mean_a)
-                    .unwrap_or(0.0)
-                    .total_cmp(&b.diff.as_ref().map(|d| d.mean_a).unwrap_or(0.0))
-            })
-            .cloned();
-        let repeats = self.study.spec.remeasure.repeats;
         let names = self.eval.workloads();
-        if let Some(w) = &winner {
+        let (min, max) = (
+            self.study.spec.remeasure.repeats,
+            self.study.spec.remeasure.max_repeats,
+        );
+        let remeasure_rounds = Self::rounds_of(&all, true);
+        let mut round = 0;
+        let why;
+        loop {
+            let all = trials(&self.store, &rec.id)?;
+            let Some(d) = self.decision(&all, round >= max) else {
+                why = "no baseline".to_owned();
+                break;
+            };
+            if !d.validate {
+                why = if d.pending == Pending::Remeasure {
+                    format!("the gain was not settled at the cap of {remeasure_rounds} re-measurement rounds")
+                } else if d.leader.is_none() {
+                    "no candidate met the constraints in its pooled rounds".into()
+                } else if d.recommended.is_none() && names.len() > 1 {
+                    "no candidate passed the re-measurement, so none was validated".into()
+                } else {
+                    "the decision was clear".into()
+                };
+                break;
+            }
+            if round >= min && d.pending != Pending::Validate {
+                why = format!("the decision was clear after {round} validation rounds");
+                break;
+            }
+            if round >= max {
+                why = format!("validation reached its cap of {max} rounds");
+                break;
+            }
+            let Some(leader) = d.leader else {
+                why = "no leader".to_owned();
+                break;
+            };
+            if round == 0 {
+                self.say(&format!(
+                    "validating trial #{leader} against the defaults #{} on {} other workload(s)",
+                    base.seq,
+                    names.len() - 1
+                ));
+            } else if round >= min {
+                self.say(&format!(
+                    "after {round} validation rounds it is not settled ({}); another round",
+                    d.verdict
+                ));
+            }
+            let order = if round % 2 == 0 {
+                [base.seq, leader]
+            } else {
+                [leader, base.seq]
+            };
             let mut plan = Vec::new();
             for (wi, name) in names.iter().enumerate().skip(1) {
-                for round in 0..repeats {
-                    let order = if round % 2 == 0 {
-                        [base.seq, w.candidate]
-                    } else {
-                        [w.candidate, base.seq]
-                    };
-                    for a in order {
-                        plan.push((
-                            TrialKind::Validate {
-                                workload: name.clone(),
-                                round,
-                                candidate: a,
-                            },
-                            a,
-                            wi,
-                        ));
-                    }
+                for a in order {
+                    plan.push((
+                        TrialKind::Validate {
+                            workload: name.clone(),
+                            round,
+                            candidate: a,
+                        },
+                        a,
+                        wi,
+                    ));
                 }
             }
             self.run_plan(rec, plan).await?;
+            round += 1;
         }
         let all = trials(&self.store, &rec.id)?;
-        let tol = self.study.spec.validation.tolerance;
-        let validation: Vec<ValidationRow> = match &winner {
-            Some(w) => names
-                .iter()
-                .skip(1)
-                .map(|name| {
-                    let of = |seq: u32| {
-                        Self::values(&all, |k| matches!(k, TrialKind::Validate { workload, candidate, .. } if workload == name && *candidate == seq))
-                    };
-                    match (of(w.candidate), of(base.seq)) {
-                        (Ok(a), Ok(b)) => {
-                            let d = welch(&a, &b);
-                            ValidationRow {
-                                workload: name.clone(),
-                                regression: d.pct < -100.0 * tol,
-                                diff: Some(d),
-                                note: None,
-                            }
-                        }
-                        (Err(e), _) => ValidationRow {
-                            workload: name.clone(),
-                            diff: None,
-                            regression: true,
-                            note: Some(format!("the recommended configuration failed: {e}")),
-                        },
-                        (_, Err(e)) => ValidationRow {
-                            workload: name.clone(),
-                            diff: None,
-                            regression: false,
-                            note: Some(format!("the baseline failed: {e}")),
-                        },
-                    }
-                })
-                .collect(),
-            None => Vec::new(),
+        let d = self
+            .decision(&all, true)
+            .ok_or_else(|| TuneError::Infrastructure("no baseline trial was recorded".into()))?;
+        self.say(&d.verdict);
+        let rounds = Rounds {
+            remeasure: Self::rounds_of(&all, true),
+            validation: Self::rounds_of(&all, false),
+            why,
         };
+        let _ = remeasure_rounds;
+        self.finish_study(rec, &all, &base, d, rounds)
+    }
+
+    /// Stores the outcome and, when the gate recommends a configuration, the best record.
+    fn finish_study(
+        &mut self,
+        rec: &mut StudyRecord,
+        all: &[TrialRecord],
+        base: &TrialRecord,
+        d: Decision,
+        rounds: Rounds,
+    ) -> Result<(), TuneError> {
+        let names = self.eval.workloads();
         let search_all: Vec<&TrialRecord> =
             all.iter().filter(|t| t.kind == TrialKind::Search).collect();
-        let verdict = match &winner {
-            Some(w) if !base_ok => {
-                let d = w.diff.as_ref().expect("winners have a diff");
-                let why = base
-                    .failure
-                    .as_ref()
-                    .map(|f| {
-                        format!(
-                            "failed ({}): {}",
-                            f.class,
-                            crate::util::excerpt(&f.evidence, 120)
-                        )
-                    })
-                    .or(base
-                        .early_stop
-                        .clone()
-                        .map(|e| format!("missed the constraints ({e})")))
-                    .unwrap_or_default();
-                format!(
-                    "the engine's defaults (trial #{}) {why}; trial #{} meets the constraints in every re-measurement round: {:.2} (95% CI {:.2} to {:.2}, {} rounds)",
-                    base.seq, w.candidate, d.mean_a, d.low, d.high, d.n_a
-                )
-            }
-            Some(w) => {
-                let d = w.diff.as_ref().expect("winners have a diff");
-                let regress: Vec<&str> = validation
-                    .iter()
-                    .filter(|v| v.regression)
-                    .map(|v| v.workload.as_str())
-                    .collect();
-                let mut s = format!(
-                    "trial #{} beats the defaults by {:+.1}% (95% CI {:+.1}% to {:+.1}%, {} rounds each)",
-                    w.candidate, d.pct, d.pct_low, d.pct_high, d.n_a
-                );
-                if !regress.is_empty() {
-                    s.push_str(&format!(
-                        "; but it regresses beyond {:.0}% on: {}",
-                        100.0 * tol,
-                        regress.join(", ")
-                    ));
-                }
-                s
-            }
-            None if cands.is_empty() => {
-                "no configuration met the constraints and beat the defaults in the search".into()
-            }
-            None => {
-                let best = comparisons
-                    .iter()
-                    .filter_map(|c| c.diff.as_ref().map(|d| (c.candidate, d)))
-                    .max_by(|a, b| a.1.pct.total_cmp(&b.1.pct));
-                match best {
-                    Some((c, d)) => format!(
-                        "no significant improvement: the best candidate #{c} is {:+.1}% (95% CI {:+.1}% to {:+.1}%) against the defaults",
-                        d.pct, d.pct_low, d.pct_high
-                    ),
-                    None => "no significant improvement: every candidate failed a re-measurement round".into(),
-                }
-            }
-        };
-        self.say(&verdict);
-        let recommended_trial = winner
-            .as_ref()
-            .and_then(|w| all.iter().find(|t| t.seq == w.candidate))
+        let recommended_trial = d
+            .recommended
+            .and_then(|r| all.iter().find(|t| t.seq == r))
             .cloned();
         let outcome = Outcome {
             metric: self.metric().label().into(),
             baseline_trial: base.seq,
-            recommended: winner.as_ref().map(|w| w.candidate),
+            recommended: d.recommended,
             recommended_command: recommended_trial
                 .as_ref()
                 .and_then(|t| t.command.as_deref())
                 .map(serve_command),
             recommended_config: recommended_trial.as_ref().map(|t| t.config.clone()),
-            comparisons,
-            verdict,
-            validation,
+            comparisons: d.comparisons,
+            verdict: d.verdict,
+            leader: d.leader,
+            checks: d.checks,
+            baseline_infeasible: d.baseline_infeasible,
+            rounds,
             search_trials: search_all.len() as u32,
             screened_only: search_all
                 .iter()
@@ -1210,7 +1336,9 @@ impl<E: Evaluator> Runner<E> {
             bench_s: all.iter().map(|t| t.bench_s).sum(),
             saved_s: search_all.iter().map(|t| t.saved_s).sum(),
         };
-        // The best known configuration for this node, per workload.
+        // The best known configuration for this node and workload: what the gate recommends,
+        // else the defaults, unless an earlier study proved a configuration better than them
+        // (a re-tune that finds nothing significant keeps that one).
         let chosen = recommended_trial.clone().unwrap_or(base.clone());
         for name in names.iter().take(1) {
             let engine = chosen.engine.clone().unwrap_or_default();
@@ -1223,6 +1351,34 @@ impl<E: Evaluator> Runner<E> {
                 version.as_deref().unwrap_or("?"),
                 name
             );
+            let improved = recommended_trial.is_some();
+            if !improved {
+                if let Some(prev) = self.store.get::<BestRecord>(BEST, &key)? {
+                    if prev.improved {
+                        let msg = format!(
+                            "the best record stays the proven one (study {}, trial #{})",
+                            prev.study, prev.trial
+                        );
+                        self.say(&msg);
+                        continue;
+                    }
+                }
+            }
+            let objective = if improved {
+                outcome
+                    .comparisons
+                    .iter()
+                    .find(|c| Some(c.candidate) == outcome.recommended)
+                    .and_then(|c| c.diff.as_ref().map(|d| d.mean_a))
+                    .or(chosen.objective)
+            } else {
+                outcome
+                    .comparisons
+                    .first()
+                    .and_then(|c| c.diff.as_ref().map(|d| d.mean_b))
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .or(chosen.objective)
+            };
             self.store.put(
                 BEST,
                 &key,
@@ -1237,9 +1393,9 @@ impl<E: Evaluator> Runner<E> {
                     trial: chosen.seq,
                     config: chosen.config.clone(),
                     command: chosen.command.as_deref().map(serve_command),
-                    objective: chosen.objective,
+                    objective,
                     metric: self.metric().label().into(),
-                    improved: recommended_trial.is_some(),
+                    improved,
                     at: unix_now(),
                 },
             )?;

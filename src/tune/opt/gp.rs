@@ -19,7 +19,7 @@ use crate::tune::encode::{
 };
 use crate::tune::stats::{cdf, pdf};
 
-const STARTUP: usize = 6;
+pub const STARTUP: usize = 6;
 const RANDOM_CANDIDATES: usize = 256;
 const LOCAL_CANDIDATES: usize = 24;
 const ANNEAL_ITERS: u64 = 80;

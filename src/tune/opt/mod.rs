@@ -90,6 +90,23 @@ pub trait Optimizer {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String>;
 }
 
+/// Random trials a model-based optimiser runs (after the baselines) before its model proposes.
+pub fn startup_trials(kind: Kind) -> usize {
+    match kind {
+        Kind::Tpe => tpe::STARTUP,
+        Kind::Gp => gp::STARTUP,
+        Kind::Anneal | Kind::Random | Kind::Grid | Kind::Reports => 0,
+    }
+}
+
+/// The fewest search trials before a convergence rule may stop a study: the baselines, the
+/// warm start and the optimiser's random start-up, then at least as many model-guided trials
+/// as twice the number of parameters (five at least), so that the model has had its chance.
+pub fn convergence_floor(kind: Kind, space: &Space, warm: usize) -> u32 {
+    let dims = space.params.len();
+    (space.baselines().len() + warm + startup_trials(kind) + (2 * dims).max(5)) as u32
+}
+
 /// Builds an optimiser.
 pub fn make(kind: Kind, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
     make_warm(kind, space, seed, Vec::new())

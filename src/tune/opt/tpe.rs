@@ -16,7 +16,7 @@ use crate::tune::encode::{arity, decode, encode, random_config, random_coord, ra
 use crate::tune::stats::cdf;
 
 /// Random trials (after the baselines) before the model is used.
-const STARTUP: usize = 6;
+pub const STARTUP: usize = 6;
 /// Candidates drawn from l per proposal.
 const CANDIDATES: usize = 32;
 

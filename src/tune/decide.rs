@@ -1,0 +1,1073 @@
+//! The one recommendation gate. Given a study's rules and its re-measurement and validation
+//! records, `decide` says which configuration to run (or to keep the defaults), why, and
+//! whether more interleaved rounds could change the answer. It is a pure function of the
+//! records: the study calls it between rounds and at the end (and stores the result in the
+//! study's outcome), and the report, `servetune best`, the daemon's views and `/v1/best` read
+//! that stored decision. Nothing else decides.
+//!
+//! The rule, in order:
+//! 1. Every arm (the engine's defaults and each candidate) is judged on all of its rounds of a
+//!    workload pooled: a round the engine failed in (a classified engine failure) makes the arm
+//!    fail; otherwise the success rate is the pooled one (completed / sent over every round)
+//!    and each latency limit is checked on the mean over the rounds of that round's statistic.
+//! 2. The gain on the objective of each constraint-meeting candidate over the defaults is a
+//!    Welch t-test (t quantiles at the Welch degrees of freedom). With several candidates the
+//!    one-sided p-values are corrected by Holm's step-down procedure at a family-wise level of
+//!    2.5% (a 95% two-sided interval entirely above zero, for one candidate). Defaults that miss
+//!    the constraints in the pooled rounds are beaten by any candidate that meets them.
+//! 3. The leader (the highest mean among the significant candidates) must not regress: on each
+//!    validation workload (its objective, and its constraints where the defaults meet them) and
+//!    on each guard metric of the primary workload (default: P99 TTFT and mean TPOT), the 95%
+//!    interval of the relative change must lie within the tolerance on the losing side. An
+//!    interval entirely beyond it is a regression; one that straddles it is inconclusive.
+//! 4. More rounds are asked for while the answer could still change (the leader's gain is
+//!    positive but not yet significant, or a check is inconclusive), up to the study's cap.
+//!    At the cap, an inconclusive check means the defaults are kept, and the verdict says so.
+
+use serde::{Deserialize, Serialize};
+
+use super::eval::{Measurement, TrialFailure};
+use super::spec::Metric;
+use super::stats::{welch_with_resolution, Diff};
+use super::study::{TrialKind, TrialRecord, TrialStatus};
+use crate::bench::abort::LatencyLimit;
+
+/// A latency statistic of the primary workload that must not get worse beyond the tolerance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Guard {
+    /// A key of `Measurement::latencies_ms` (`ttft:p99`, `tpot:mean`, …).
+    pub key: String,
+}
+
+/// What the gate needs from the study file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rules {
+    pub metric: Metric,
+    pub min_success_rate: f64,
+    pub limits: Vec<LatencyLimit>,
+    /// A relative loss beyond this (0.05 = 5%) is a regression.
+    pub tolerance: f64,
+    pub guards: Vec<Guard>,
+    /// One-sided family-wise error rate of the gain test.
+    pub alpha: f64,
+}
+
+/// The default one-sided family-wise error rate: 2.5%, a 95% two-sided interval.
+pub const ALPHA: f64 = 0.025;
+
+/// The state of one check of the leader against the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckState {
+    /// Within the tolerance on the losing side (or better).
+    Ok,
+    /// The whole interval lies beyond the tolerance on the losing side.
+    Regression,
+    /// The interval straddles the tolerance: more rounds could tell.
+    Inconclusive,
+    /// Shown for information; it does not gate the recommendation.
+    Info,
+}
+
+/// One figure of the leader against the defaults on one workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    pub workload: String,
+    /// `objective`, `success_rate`, or a latency key (`tpot:mean`).
+    pub key: String,
+    pub label: String,
+    pub higher_is_better: bool,
+    pub baseline: Vec<f64>,
+    pub candidate: Vec<f64>,
+    pub diff: Option<Diff>,
+    pub state: CheckState,
+    /// Whether this check gates the recommendation.
+    pub gate: bool,
+    pub note: Option<String>,
+}
+
+/// One candidate's gain on the objective of the primary workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub candidate: u32,
+    pub command: Option<String>,
+    /// candidate − defaults, with its 95% interval; `None` when it cannot be computed.
+    pub diff: Option<Diff>,
+    /// Holm-adjusted one-sided p-value.
+    #[serde(default)]
+    pub p_adjusted: Option<f64>,
+    /// Significant after the correction (or: the defaults miss the constraints, this does not).
+    #[serde(default)]
+    pub significant: bool,
+    /// Why the candidate cannot be recommended (missed the constraints pooled, failed a round).
+    pub disqualified: Option<String>,
+}
+
+/// What more measurement could settle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pending {
+    None,
+    /// Another re-measurement round (primary workload, every arm).
+    Remeasure,
+    /// Another validation round (the leader and the defaults on the other workloads).
+    Validate,
+}
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub recommended: Option<u32>,
+    /// The candidate the checks are about (the recommended one, or the one that came closest).
+    pub leader: Option<u32>,
+    pub comparisons: Vec<Comparison>,
+    pub checks: Vec<Check>,
+    /// Why the defaults miss the constraints in their pooled rounds, if they do.
+    pub baseline_infeasible: Option<String>,
+    pub pending: Pending,
+    /// Whether the leader has passed the primary workload (significant gain, guards settled
+    /// and within the tolerance) and other workloads exist: validation is due.
+    #[serde(default)]
+    pub validate: bool,
+    pub verdict: String,
+}
+
+/// The records the decision is made from.
+pub struct Input<'a> {
+    /// Workload names, primary first.
+    pub workloads: &'a [String],
+    /// The search trial of the engine's defaults.
+    pub baseline: &'a TrialRecord,
+    /// Search trials re-measured against it.
+    pub candidates: &'a [u32],
+    /// Every trial of the study.
+    pub trials: &'a [TrialRecord],
+    /// Whether this is the last word (no more rounds may be run).
+    pub last: bool,
+}
+
+/// One arm's rounds on one workload.
+struct Runs<'a> {
+    measured: Vec<&'a Measurement>,
+    failed: Vec<(u32, &'a TrialFailure)>,
+}
+
+fn runs<'a>(trials: &'a [TrialRecord], workloads: &[String], wi: usize, arm: u32) -> Runs<'a> {
+    let mut out = Runs {
+        measured: Vec::new(),
+        failed: Vec::new(),
+    };
+    for t in trials {
+        let mine = match &t.kind {
+            TrialKind::Remeasure { candidate, .. } => wi == 0 && *candidate == arm,
+            TrialKind::Validate {
+                workload,
+                candidate,
+                ..
+            } => wi > 0 && *candidate == arm && Some(workload) == workloads.get(wi),
+            TrialKind::Search => false,
+        };
+        if !mine {
+            continue;
+        }
+        match t.status {
+            TrialStatus::Running => {}
+            TrialStatus::Failed => {
+                if let Some(f) = &t.failure {
+                    out.failed.push((t.seq, f));
+                }
+            }
+            TrialStatus::Ok | TrialStatus::Infeasible => {
+                if let Some(m) = &t.full {
+                    out.measured.push(m);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The value a workload is compared on: the objective where the workload can measure it; a
+/// validation workload without `--goodput` is compared on request throughput instead of
+/// goodput, and tokens per joule falls back to output throughput where no energy was read.
+pub fn value_of(metric: Metric, m: &Measurement) -> Option<f64> {
+    m.objective(metric).or(match metric {
+        Metric::RequestGoodput => Some(m.request_throughput),
+        Metric::TokensPerJoule => Some(m.output_throughput),
+        _ => None,
+    })
+}
+
+/// Why an arm misses the constraints in its pooled rounds, if it does.
+pub fn pooled_violation(
+    measured: &[&Measurement],
+    failed: &[(u32, &TrialFailure)],
+    min_success_rate: f64,
+    limits: &[LatencyLimit],
+) -> Option<String> {
+    if let Some((seq, f)) = failed.first() {
+        return Some(format!(
+            "the engine failed in round trial #{seq} ({}: {})",
+            f.class,
+            crate::util::excerpt(&f.evidence, 120)
+        ));
+    }
+    if measured.is_empty() {
+        return Some("not measured".into());
+    }
+    let done: usize = measured.iter().map(|m| m.completed).sum();
+    let sent: usize = measured.iter().map(|m| m.completed + m.failed).sum();
+    let rate = done as f64 / sent.max(1) as f64;
+    if rate < min_success_rate {
+        return Some(format!(
+            "pooled success rate {:.2}% < {:.2}% ({} of {} requests failed over {} rounds)",
+            100.0 * rate,
+            100.0 * min_success_rate,
+            sent - done,
+            sent,
+            measured.len()
+        ));
+    }
+    for l in limits {
+        let key = super::eval::latency_key(l);
+        let vals: Vec<f64> = measured
+            .iter()
+            .filter_map(|m| m.latencies_ms.get(&key).copied())
+            .collect();
+        if vals.is_empty() {
+            continue;
+        }
+        let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+        if mean > l.limit_ms {
+            return Some(format!(
+                "{} {} = {mean:.1} ms > {} ms (mean of {} rounds)",
+                l.stat.label(),
+                l.metric.key(),
+                l.limit_ms,
+                vals.len()
+            ));
+        }
+    }
+    None
+}
+
+/// Holm's step-down adjustment of one-sided p-values (NaN counts as 1).
+pub fn holm(p: &[f64]) -> Vec<f64> {
+    let m = p.len();
+    let mut order: Vec<usize> = (0..m).collect();
+    let pv = |i: usize| if p[i].is_nan() { 1.0 } else { p[i] };
+    order.sort_by(|a, b| pv(*a).total_cmp(&pv(*b)));
+    let mut adj = vec![1.0; m];
+    let mut running: f64 = 0.0;
+    for (k, &i) in order.iter().enumerate() {
+        running = running.max(((m - k) as f64 * pv(i)).min(1.0));
+        adj[i] = running;
+    }
+    adj
+}
+
+/// The resolution of a set of runs' objective (the `max_rate` bracket), for the interval.
+fn resolution(ms: &[&Measurement]) -> f64 {
+    ms.iter()
+        .filter_map(|m| m.resolution)
+        .fold(0.0, |a: f64, r| a.max(r))
+}
+
+/// The state of a relative change against the tolerance.
+pub fn check_state(d: &Diff, higher_is_better: bool, tolerance: f64) -> CheckState {
+    let tol = 100.0 * tolerance;
+    let (worst, best) = if higher_is_better {
+        (d.pct_low, d.pct_high)
+    } else {
+        (-d.pct_high, -d.pct_low)
+    };
+    if worst.is_nan() || best.is_nan() {
+        return CheckState::Inconclusive;
+    }
+    if worst >= -tol {
+        CheckState::Ok
+    } else if best < -tol {
+        CheckState::Regression
+    } else {
+        CheckState::Inconclusive
+    }
+}
+
+fn latency_label(key: &str) -> String {
+    let (m, s) = key.split_once(':').unwrap_or((key, ""));
+    let stat = match s {
+        "mean" => "mean".to_owned(),
+        "median" => "median".to_owned(),
+        p => p.to_uppercase(),
+    };
+    format!("{stat} {} (ms)", m.to_uppercase())
+}
+
+/// The comparison of the leader and the defaults on one workload.
+fn workload_checks(
+    rules: &Rules,
+    name: &str,
+    base: &Runs,
+    cand: &Runs,
+    primary: bool,
+) -> Vec<Check> {
+    let mut out = Vec::new();
+    let objective_label = format!(
+        "{}{}",
+        rules.metric.label(),
+        if value_of(
+            rules.metric,
+            base.measured.first().copied().unwrap_or(&EMPTY)
+        )
+        .is_some()
+            && base
+                .measured
+                .first()
+                .is_some_and(|m| m.objective(rules.metric).is_none())
+        {
+            " (compared on the fallback: this workload cannot measure the objective)"
+        } else {
+            ""
+        }
+    );
+    let vals = |r: &Runs, f: &dyn Fn(&Measurement) -> Option<f64>| -> Vec<f64> {
+        r.measured.iter().filter_map(|m| f(m)).collect()
+    };
+    let mut push = |key: &str,
+                    label: String,
+                    higher: bool,
+                    gate: bool,
+                    res: f64,
+                    f: &dyn Fn(&Measurement) -> Option<f64>| {
+        let (b, c) = (vals(base, f), vals(cand, f));
+        let diff = (!b.is_empty() && !c.is_empty()).then(|| welch_with_resolution(&c, &b, res));
+        let state = match (&diff, gate) {
+            (Some(d), true) => check_state(d, higher, rules.tolerance),
+            (None, true) => CheckState::Inconclusive,
+            (_, false) => CheckState::Info,
+        };
+        out.push(Check {
+            workload: name.to_owned(),
+            key: key.to_owned(),
+            label,
+            higher_is_better: higher,
+            baseline: b,
+            candidate: c,
+            diff,
+            state,
+            gate,
+            note: None,
+        });
+    };
+    let res = resolution(&base.measured).max(resolution(&cand.measured));
+    // The primary's objective is judged by the gain test; a validation workload's gates.
+    push("objective", objective_label, true, !primary, res, &|m| {
+        value_of(rules.metric, m)
+    });
+    let mut keys: Vec<String> = vec!["tpot:mean".into(), "ttft:p99".into()];
+    for g in &rules.guards {
+        if !keys.contains(&g.key) {
+            keys.push(g.key.clone());
+        }
+    }
+    for k in keys {
+        let gate = primary && rules.guards.iter().any(|g| g.key == k);
+        let kk = k.clone();
+        push(&k, latency_label(&k), false, gate, 0.0, &move |m| {
+            m.latencies_ms.get(&kk).copied()
+        });
+    }
+    push(
+        "success_rate",
+        "success rate (%)".into(),
+        true,
+        false,
+        0.0,
+        &|m| Some(100.0 * m.success_rate),
+    );
+    if !primary {
+        // A validation workload's constraints: the leader must meet them where the defaults do.
+        let bv = pooled_violation(
+            &base.measured,
+            &base.failed,
+            rules.min_success_rate,
+            &rules.limits,
+        );
+        let cv = pooled_violation(
+            &cand.measured,
+            &cand.failed,
+            rules.min_success_rate,
+            &rules.limits,
+        );
+        if let Some(why) = cv {
+            let (state, note) = match bv {
+                None => (
+                    CheckState::Regression,
+                    format!("the recommended configuration misses the constraints: {why}"),
+                ),
+                Some(b) => (
+                    CheckState::Info,
+                    format!("both miss the constraints (defaults: {b}; candidate: {why})"),
+                ),
+            };
+            out.push(Check {
+                workload: name.to_owned(),
+                key: "constraints".into(),
+                label: "constraints".into(),
+                higher_is_better: true,
+                baseline: Vec::new(),
+                candidate: Vec::new(),
+                diff: None,
+                state,
+                gate: true,
+                note: Some(note),
+            });
+        }
+    }
+    out
+}
+
+static EMPTY: Measurement = Measurement {
+    workload: String::new(),
+    num_prompts: 0,
+    request_rate: None,
+    duration_s: 0.0,
+    completed: 0,
+    failed: 0,
+    success_rate: 0.0,
+    total_token_throughput: 0.0,
+    output_throughput: 0.0,
+    request_throughput: 0.0,
+    request_goodput: None,
+    total_output_tokens: 0,
+    latencies_ms: std::collections::BTreeMap::new(),
+    aborted: None,
+    tokens_per_joule: None,
+    summary: None,
+    resolution: None,
+    failures: std::collections::BTreeMap::new(),
+    confirmed: None,
+};
+
+/// A candidate's own mean and 95% interval, as a `Diff` with no defaults (`n_b = 0`): the
+/// defaults failed to start, so there is nothing to subtract.
+fn alone(v: &[f64]) -> Diff {
+    let (m, h) = super::stats::mean_interval(v).unwrap_or((f64::NAN, f64::INFINITY));
+    Diff {
+        mean_a: m,
+        mean_b: f64::NAN,
+        diff: m,
+        low: m - h,
+        high: m + h,
+        pct: f64::NAN,
+        pct_low: f64::NAN,
+        pct_high: f64::NAN,
+        n_a: v.len(),
+        n_b: 0,
+        df: f64::NAN,
+        p_gain: f64::NAN,
+    }
+}
+
+fn pct(d: &Diff) -> String {
+    format!(
+        "{:+.1}% (95% CI {:+.1}% to {:+.1}%)",
+        d.pct, d.pct_low, d.pct_high
+    )
+}
+
+/// Decides. See the module header for the rule.
+pub fn decide(rules: &Rules, input: &Input) -> Decision {
+    let base = input.baseline;
+    let command_of = |seq: u32| {
+        input
+            .trials
+            .iter()
+            .find(|t| t.seq == seq)
+            .and_then(|t| t.command.clone())
+    };
+    // Defaults that did not start (a classified engine failure) have nothing to compare with:
+    // candidates are judged on their own constraints.
+    let base_failed_to_start = base.status == TrialStatus::Failed && base.command.is_none()
+        || base.status == TrialStatus::Failed
+            && base.screen.is_none()
+            && base.full.is_none()
+            && base.failure.is_some();
+    let base_runs = runs(input.trials, input.workloads, 0, base.seq);
+    let baseline_infeasible = if base_failed_to_start {
+        Some(match &base.failure {
+            Some(f) => format!(
+                "failed to start ({}): {}",
+                f.class,
+                crate::util::excerpt(&f.evidence, 120)
+            ),
+            None => "failed to start".into(),
+        })
+    } else {
+        pooled_violation(
+            &base_runs.measured,
+            &base_runs.failed,
+            rules.min_success_rate,
+            &rules.limits,
+        )
+    };
+    let bvals: Vec<f64> = base_runs
+        .measured
+        .iter()
+        .filter_map(|m| value_of(rules.metric, m))
+        .collect();
+    let mut comparisons: Vec<Comparison> = input
+        .candidates
+        .iter()
+        .map(|&c| {
+            let r = runs(input.trials, input.workloads, 0, c);
+            let cvals: Vec<f64> = r
+                .measured
+                .iter()
+                .filter_map(|m| value_of(rules.metric, m))
+                .collect();
+            let res = resolution(&r.measured).max(resolution(&base_runs.measured));
+            let diff = (!cvals.is_empty() && !bvals.is_empty())
+                .then(|| welch_with_resolution(&cvals, &bvals, res))
+                .or_else(|| (!cvals.is_empty()).then(|| alone(&cvals)));
+            Comparison {
+                candidate: c,
+                command: command_of(c),
+                diff,
+                p_adjusted: None,
+                significant: false,
+                disqualified: pooled_violation(
+                    &r.measured,
+                    &r.failed,
+                    rules.min_success_rate,
+                    &rules.limits,
+                ),
+            }
+        })
+        .collect();
+    // Holm over the candidates that met the constraints.
+    let tested: Vec<usize> = comparisons
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.disqualified.is_none() && c.diff.is_some())
+        .map(|(i, _)| i)
+        .collect();
+    let p: Vec<f64> = tested
+        .iter()
+        .map(|&i| comparisons[i].diff.as_ref().map_or(1.0, |d| d.p_gain))
+        .collect();
+    let adj = holm(&p);
+    for (k, &i) in tested.iter().enumerate() {
+        let c = &mut comparisons[i];
+        c.p_adjusted = Some(adj[k]);
+        c.significant = if baseline_infeasible.is_some() {
+            true
+        } else {
+            adj[k] <= rules.alpha
+        };
+    }
+    let mean_of = |c: &Comparison| c.diff.as_ref().map_or(f64::NEG_INFINITY, |d| d.mean_a);
+    let significant_leader = comparisons
+        .iter()
+        .filter(|c| c.significant)
+        .max_by(|a, b| mean_of(a).total_cmp(&mean_of(b)))
+        .cloned();
+    // The one that came closest, when none is significant (for the wording and for asking for
+    // more rounds).
+    let closest = comparisons
+        .iter()
+        .filter(|c| c.disqualified.is_none() && c.diff.is_some())
+        .max_by(|a, b| mean_of(a).total_cmp(&mean_of(b)))
+        .cloned();
+    let leader = significant_leader.clone().or(closest.clone());
+    let mut checks = Vec::new();
+    if let Some(l) = &leader {
+        for (wi, name) in input.workloads.iter().enumerate() {
+            let b = runs(input.trials, input.workloads, wi, base.seq);
+            let c = runs(input.trials, input.workloads, wi, l.candidate);
+            if wi > 0 && b.measured.is_empty() && c.measured.is_empty() && c.failed.is_empty() {
+                continue;
+            }
+            checks.extend(workload_checks(rules, name, &b, &c, wi == 0));
+        }
+    }
+    let primary = input.workloads.first().cloned().unwrap_or_default();
+    let any = |wl_primary: bool, state: CheckState| {
+        checks
+            .iter()
+            .any(|c| c.gate && (c.workload == primary) == wl_primary && c.state == state)
+    };
+    let primary_regress = any(true, CheckState::Regression);
+    let primary_unsure = any(true, CheckState::Inconclusive);
+    let validated_any = checks.iter().any(|c| c.workload != primary);
+    let valid_regress = any(false, CheckState::Regression);
+    let valid_unsure = any(false, CheckState::Inconclusive);
+    let needs_validation = input.workloads.len() > 1;
+    // What more rounds could settle.
+    let gain_could_come = significant_leader.is_none()
+        && closest
+            .as_ref()
+            .and_then(|c| c.diff.as_ref())
+            .is_some_and(|d| d.diff > 0.0);
+    let pending = if gain_could_come || (significant_leader.is_some() && primary_unsure) {
+        Pending::Remeasure
+    } else if significant_leader.is_some()
+        && !primary_regress
+        && needs_validation
+        && (!validated_any || valid_unsure)
+        && !valid_regress
+    {
+        Pending::Validate
+    } else {
+        Pending::None
+    };
+    let validate = significant_leader.is_some()
+        && !primary_regress
+        && !primary_unsure
+        && needs_validation
+        && !gain_could_come;
+    let m = tested.len();
+    let recommended = significant_leader.as_ref().and_then(|l| {
+        let all_ok = checks
+            .iter()
+            .filter(|c| c.gate)
+            .all(|c| c.state == CheckState::Ok);
+        let validated = !needs_validation || validated_any;
+        (all_ok && validated && pending == Pending::None).then_some(l.candidate)
+    });
+    let rounds = |c: &Comparison| c.diff.as_ref().map_or(0, |d| d.n_a);
+    let problems = |state: CheckState| -> Vec<String> {
+        checks
+            .iter()
+            .filter(|c| c.gate && c.state == state)
+            .map(|c| match (&c.diff, &c.note) {
+                (_, Some(n)) => format!("{}: {n}", c.workload),
+                (Some(d), None) => format!("{} {} {}", c.workload, c.label, pct(d)),
+                (None, None) => format!("{} {} (not measured)", c.workload, c.label),
+            })
+            .collect()
+    };
+    let tol = 100.0 * rules.tolerance;
+    let verdict = match (&recommended, &significant_leader) {
+        (Some(r), Some(l)) => {
+            let d = l
+                .diff
+                .as_ref()
+                .expect("a significant comparison has a diff");
+            match &baseline_infeasible {
+                Some(why) if d.n_b == 0 => format!(
+                    "run trial #{r}: the engine's defaults {why}; trial #{r} meets the constraints in its pooled rounds ({:.2}, 95% CI {:.2} to {:.2}, {} rounds) and regresses on no workload beyond {tol:.0}%",
+                    d.mean_a, d.low, d.high, d.n_a
+                ),
+                Some(why) => format!(
+                    "run trial #{r}: the engine's defaults miss the constraints in their pooled rounds ({why}); trial #{r} meets them, at {:.2} against the defaults' {:.2} ({}, {} rounds each), and regresses on no workload beyond {tol:.0}%",
+                    d.mean_a, d.mean_b, pct(d), d.n_a
+                ),
+                None => format!(
+                    "run trial #{r}: it beats the defaults by {} over {} interleaved rounds each; Holm-adjusted one-sided p = {:.4} over {m} candidate(s); no workload or guard regresses beyond {tol:.0}%",
+                    pct(d),
+                    d.n_a,
+                    l.p_adjusted.unwrap_or(f64::NAN)
+                ),
+            }
+        }
+        (None, Some(l)) => {
+            let d = l
+                .diff
+                .as_ref()
+                .expect("a significant comparison has a diff");
+            let regress = problems(CheckState::Regression);
+            let unsure = problems(CheckState::Inconclusive);
+            if !regress.is_empty() {
+                format!(
+                    "keep the defaults: trial #{} gains {} on the objective, but regresses beyond {tol:.0}% on: {}",
+                    l.candidate,
+                    pct(d),
+                    regress.join("; ")
+                )
+            } else if !unsure.is_empty() || pending != Pending::None {
+                format!(
+                    "keep the defaults: trial #{} gains {} on the objective, but {} {}; not recommended without more rounds",
+                    l.candidate,
+                    pct(d),
+                    if unsure.is_empty() {
+                        "its validation has not run".to_owned()
+                    } else {
+                        format!("its effect is inconclusive (the interval straddles the {tol:.0}% tolerance) on: {}", unsure.join("; "))
+                    },
+                    if input.last { "at the round cap" } else { "so far" }
+                )
+            } else {
+                format!(
+                    "keep the defaults: trial #{} was not validated on every workload",
+                    l.candidate
+                )
+            }
+        }
+        (_, None) => {
+            if input.candidates.is_empty() {
+                "keep the defaults: no configuration met the constraints and beat the defaults in the search".into()
+            } else {
+                match &closest {
+                    Some(c) => {
+                        let d = c.diff.as_ref().expect("closest has a diff");
+                        format!(
+                            "keep the defaults: no candidate beats them significantly after correcting for {m} candidate(s); the best, trial #{}, is {} over {} rounds (Holm-adjusted p = {:.3})",
+                            c.candidate,
+                            pct(d),
+                            rounds(c),
+                            c.p_adjusted.unwrap_or(f64::NAN)
+                        )
+                    }
+                    None => {
+                        let why: Vec<String> = comparisons
+                            .iter()
+                            .map(|c| {
+                                format!(
+                                    "#{}: {}",
+                                    c.candidate,
+                                    c.disqualified
+                                        .clone()
+                                        .unwrap_or_else(|| "no measurement".into())
+                                )
+                            })
+                            .collect();
+                        format!(
+                            "keep the defaults: every candidate missed the constraints in its pooled re-measurement rounds ({})",
+                            why.join("; ")
+                        )
+                    }
+                }
+            }
+        }
+    };
+    Decision {
+        recommended,
+        leader: leader.map(|l| l.candidate),
+        comparisons,
+        checks,
+        baseline_infeasible,
+        pending,
+        validate,
+        verdict,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::space::Config;
+    use std::collections::BTreeMap;
+
+    fn meas(v: f64, tpot: f64, ttft99: f64) -> Measurement {
+        let mut lat = BTreeMap::new();
+        lat.insert("tpot:mean".to_owned(), tpot);
+        lat.insert("ttft:p99".to_owned(), ttft99);
+        Measurement {
+            workload: "w".into(),
+            num_prompts: 100,
+            completed: 100,
+            success_rate: 1.0,
+            total_token_throughput: v,
+            output_throughput: v / 2.0,
+            request_throughput: v / 100.0,
+            latencies_ms: lat,
+            ..EMPTY.clone()
+        }
+    }
+
+    fn rec(seq: u32, kind: TrialKind, m: Measurement, rules: &Rules) -> TrialRecord {
+        let infeasible = m.violation(rules.min_success_rate, &rules.limits);
+        TrialRecord {
+            study: "s".into(),
+            seq,
+            kind,
+            config: Config::new(),
+            note: String::new(),
+            expected_improvement: None,
+            status: if infeasible.is_some() {
+                TrialStatus::Infeasible
+            } else {
+                TrialStatus::Ok
+            },
+            engine: Some("e".into()),
+            command: Some(format!("engine --trial {seq}")),
+            engine_version: None,
+            hardware: String::new(),
+            screen: None,
+            objective: infeasible.is_none().then_some(m.total_token_throughput),
+            screen_objective: Some(m.total_token_throughput),
+            full: Some(m),
+            promoted: true,
+            failure: None,
+            early_stop: infeasible,
+            telemetry: None,
+            started: 0.0,
+            ended: Some(1.0),
+            bench_s: 1.0,
+            saved_s: 0.0,
+            attempts: 1,
+            stopped: 0,
+            startup_s: None,
+        }
+    }
+
+    fn rules(slo: &[&str], guards: &[&str]) -> Rules {
+        Rules {
+            metric: Metric::TotalTokenThroughput,
+            min_success_rate: 0.99,
+            limits: slo
+                .iter()
+                .map(|s| LatencyLimit::parse(s).unwrap())
+                .collect(),
+            tolerance: 0.05,
+            guards: guards
+                .iter()
+                .map(|g| Guard {
+                    key: (*g).to_owned(),
+                })
+                .collect(),
+            alpha: ALPHA,
+        }
+    }
+
+    /// A study's records: search trials 0 (defaults) and `cands`, then the primary rounds
+    /// (`(arm, throughput, tpot, ttft p99)`) and the validation rounds.
+    struct Book {
+        trials: Vec<TrialRecord>,
+    }
+
+    impl Book {
+        fn new(rules: &Rules, arms: &[u32]) -> Book {
+            let trials = arms
+                .iter()
+                .map(|&a| rec(a, TrialKind::Search, meas(100.0, 10.0, 100.0), rules))
+                .collect();
+            Book { trials }
+        }
+        fn round(&mut self, rules: &Rules, arm: u32, round: u32, m: Measurement) {
+            let seq = 100 + self.trials.len() as u32;
+            self.trials.push(rec(
+                seq,
+                TrialKind::Remeasure {
+                    round,
+                    candidate: arm,
+                },
+                m,
+                rules,
+            ));
+        }
+        fn validate(&mut self, rules: &Rules, wl: &str, arm: u32, round: u32, m: Measurement) {
+            let seq = 100 + self.trials.len() as u32;
+            self.trials.push(rec(
+                seq,
+                TrialKind::Validate {
+                    workload: wl.into(),
+                    round,
+                    candidate: arm,
+                },
+                m,
+                rules,
+            ));
+        }
+        fn decide(&self, rules: &Rules, workloads: &[&str], cands: &[u32], last: bool) -> Decision {
+            let names: Vec<String> = workloads.iter().map(|s| s.to_string()).collect();
+            decide(
+                rules,
+                &Input {
+                    workloads: &names,
+                    baseline: &self.trials[0],
+                    candidates: cands,
+                    trials: &self.trials,
+                    last,
+                },
+            )
+        }
+    }
+
+    #[test]
+    fn holm_matches_a_hand_computation() {
+        // Sorted: 0.01 × 3 = 0.03; 0.03 × 2 = 0.06; 0.04 × 1 = 0.04 → max(0.06, 0.04).
+        let adj = holm(&[0.01, 0.04, 0.03]);
+        assert!((adj[0] - 0.03).abs() < 1e-12);
+        assert!((adj[1] - 0.06).abs() < 1e-12);
+        assert!((adj[2] - 0.06).abs() < 1e-12);
+        assert_eq!(holm(&[f64::NAN]), vec![1.0]);
+    }
+
+    #[test]
+    fn the_defaults_missing_an_slo_in_one_round_do_not_disqualify_the_candidates() {
+        // Round 2 of the defaults reads 320 ms (> 300): pooled over the three rounds, 296.7.
+        let r = rules(&["tpot:mean:300"], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for (i, (bt, ct)) in [(280.0, 200.0), (320.0, 205.0), (290.0, 198.0)]
+            .into_iter()
+            .enumerate()
+        {
+            b.round(&r, 0, i as u32, meas(100.0 + i as f64, bt, 900.0));
+            b.round(&r, 1, i as u32, meas(130.0 + i as f64, ct, 900.0));
+        }
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.baseline_infeasible, None, "{d:?}");
+        assert_eq!(d.recommended, Some(1), "{}", d.verdict);
+        assert!(d.verdict.starts_with("run trial #1"), "{}", d.verdict);
+    }
+
+    #[test]
+    fn several_candidates_are_corrected_for_multiplicity() {
+        let r = rules(&[], &[]);
+        // Each candidate alone: one-sided p ≈ 0.015 (significant at 2.5%); three of them:
+        // Holm needs 0.0083 for the smallest, so none is.
+        let base = [100.0, 104.0, 96.0, 100.0];
+        let cand = [106.0, 110.0, 102.0, 106.5];
+        let single = {
+            let mut b = Book::new(&r, &[0, 1]);
+            for i in 0..4 {
+                b.round(&r, 0, i, meas(base[i as usize], 10.0, 100.0));
+                b.round(&r, 1, i, meas(cand[i as usize], 10.0, 100.0));
+            }
+            b.decide(&r, &["main"], &[1], true)
+        };
+        let p = single.comparisons[0].diff.as_ref().unwrap().p_gain;
+        assert!(p < 0.025 && p > 0.0084, "p = {p}");
+        assert_eq!(single.recommended, Some(1), "{}", single.verdict);
+        let mut b = Book::new(&r, &[0, 1, 2, 3]);
+        for i in 0..4 {
+            b.round(&r, 0, i, meas(base[i as usize], 10.0, 100.0));
+            for c in 1..=3 {
+                b.round(&r, c, i, meas(cand[i as usize], 10.0, 100.0));
+            }
+        }
+        let d = b.decide(&r, &["main"], &[1, 2, 3], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(
+            d.verdict.contains("after correcting for 3 candidate(s)"),
+            "{}",
+            d.verdict
+        );
+    }
+
+    #[test]
+    fn a_guard_or_a_validation_workload_beyond_the_tolerance_blocks_the_recommendation() {
+        let r = rules(&[], &["ttft:p99", "tpot:mean"]);
+        // +30% throughput, but P99 TTFT doubles on the primary workload.
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3 {
+            b.round(&r, 0, i, meas(100.0 + i as f64, 10.0, 100.0 + i as f64));
+            b.round(&r, 1, i, meas(130.0 + i as f64, 10.0, 200.0 + i as f64));
+        }
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.recommended, None);
+        assert!(d.verdict.contains("regresses beyond 5%"), "{}", d.verdict);
+        let ttft = d.checks.iter().find(|c| c.key == "ttft:p99").unwrap();
+        assert_eq!(ttft.state, CheckState::Regression);
+        // Guards off, the primary is fine; a validation workload 15% slower blocks it.
+        let r = rules(&[], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3 {
+            b.round(&r, 0, i, meas(100.0 + i as f64, 10.0, 100.0));
+            b.round(&r, 1, i, meas(130.0 + i as f64, 10.0, 200.0));
+        }
+        let before = b.decide(&r, &["main", "chat"], &[1], false);
+        assert_eq!(before.pending, Pending::Validate, "{before:?}");
+        assert!(before.validate && before.recommended.is_none());
+        for i in 0..3 {
+            b.validate(&r, "chat", 0, i, meas(100.0 + i as f64, 10.0, 100.0));
+            b.validate(&r, "chat", 1, i, meas(85.0 + i as f64, 10.0, 100.0));
+        }
+        let d = b.decide(&r, &["main", "chat"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(d.verdict.contains("chat"), "{}", d.verdict);
+    }
+
+    #[test]
+    fn an_interval_straddling_the_tolerance_is_inconclusive_and_asks_for_rounds() {
+        let r = rules(&[], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3 {
+            b.round(&r, 0, i, meas(100.0 + i as f64, 10.0, 100.0));
+            b.round(&r, 1, i, meas(130.0 + i as f64, 10.0, 100.0));
+        }
+        // Validation: −5% on average, with ±8% noise: the interval straddles −5%.
+        for (i, (x, y)) in [(100.0, 88.0), (104.0, 103.0), (96.0, 94.0)]
+            .into_iter()
+            .enumerate()
+        {
+            b.validate(&r, "chat", 0, i as u32, meas(x, 10.0, 100.0));
+            b.validate(&r, "chat", 1, i as u32, meas(y, 10.0, 100.0));
+        }
+        let d = b.decide(&r, &["main", "chat"], &[1], false);
+        let c = d
+            .checks
+            .iter()
+            .find(|c| c.workload == "chat" && c.key == "objective")
+            .unwrap();
+        assert_eq!(c.state, CheckState::Inconclusive, "{c:?}");
+        assert_eq!(d.pending, Pending::Validate);
+        let last = b.decide(&r, &["main", "chat"], &[1], true);
+        assert_eq!(last.recommended, None);
+        assert!(last.verdict.contains("inconclusive"), "{}", last.verdict);
+        assert!(
+            last.verdict.contains("at the round cap"),
+            "{}",
+            last.verdict
+        );
+    }
+
+    #[test]
+    fn a_positive_gain_short_of_significance_asks_for_another_round() {
+        let r = rules(&[], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for (i, (x, y)) in [(100.0, 104.0), (103.0, 101.0), (97.0, 105.0)]
+            .into_iter()
+            .enumerate()
+        {
+            b.round(&r, 0, i as u32, meas(x, 10.0, 100.0));
+            b.round(&r, 1, i as u32, meas(y, 10.0, 100.0));
+        }
+        let d = b.decide(&r, &["main"], &[1], false);
+        assert_eq!(d.pending, Pending::Remeasure, "{}", d.verdict);
+        assert_eq!(d.recommended, None);
+    }
+
+    #[test]
+    fn request_goodput_validation_workloads_are_compared_on_request_throughput() {
+        let mut r = rules(&[], &[]);
+        r.metric = Metric::RequestGoodput;
+        let good = |v: f64| Measurement {
+            request_goodput: Some(v),
+            ..meas(100.0 * v, 10.0, 100.0)
+        };
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3 {
+            b.round(&r, 0, i, good(1.0 + 0.01 * i as f64));
+            b.round(&r, 1, i, good(1.3 + 0.01 * i as f64));
+            // No --goodput on the validation workload: no goodput, same request throughput.
+            b.validate(&r, "chat", 0, i, meas(100.0 + i as f64, 10.0, 100.0));
+            b.validate(&r, "chat", 1, i, meas(100.5 + i as f64, 10.0, 100.0));
+        }
+        let d = b.decide(&r, &["main", "chat"], &[1], true);
+        assert_eq!(d.recommended, Some(1), "{}", d.verdict);
+    }
+
+    #[test]
+    fn identical_max_rate_rounds_are_not_a_certain_gain() {
+        let mut r = rules(&[], &[]);
+        r.metric = Metric::MaxRate;
+        let at = |rate: f64, res: f64| Measurement {
+            request_rate: Some(rate),
+            resolution: Some(res),
+            ..meas(100.0, 10.0, 100.0)
+        };
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3 {
+            // Both bracketed to within 1.4 req/s; the candidate one step higher every time.
+            b.round(&r, 0, i, at(4.0, 1.4));
+            b.round(&r, 1, i, at(4.4, 1.4));
+        }
+        let d = b.decide(&r, &["main"], &[1], true);
+        let diff = d.comparisons[0].diff.as_ref().unwrap();
+        assert!(diff.low < 0.0 && diff.high > diff.low, "{diff:?}");
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+    }
+}
