@@ -118,7 +118,7 @@ fn rate_max() -> f64 {
     64.0
 }
 fn rate_steps() -> u32 {
-    5
+    8
 }
 
 impl Default for Objective {

@@ -554,12 +554,14 @@ impl<E: Evaluator> Runner<E> {
     }
 
     async fn search(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
+        for w in self.study.warnings.clone() {
+            self.say(&format!("note: {w}"));
+        }
         let floor = self.min_trials(rec);
         if floor > self.study.spec.stopping.min_trials {
             let msg = format!(
-                "note: stopping.min_trials = {} is below what the optimiser needs before convergence can be judged ({} baselines/warm-start/start-up and model trials for {} parameters); convergence will not stop the search before trial {floor}",
+                "note: stopping.min_trials = {} is below what the optimiser needs before convergence can be judged (its baselines, warm start and random start-up, then model-guided trials for {} parameters); convergence will not stop the search before trial {floor}",
                 self.study.spec.stopping.min_trials,
-                floor,
                 self.space.params.len()
             );
             self.say(&msg);
