@@ -680,14 +680,14 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             let unsure = problems(CheckState::Inconclusive);
             if !regress.is_empty() {
                 format!(
-                    "keep the defaults: trial #{} gains {} on the objective, but regresses beyond {tol:.0}% on: {}",
+                    "keep the defaults: trial #{} changes the objective by {}, but regresses beyond {tol:.0}% on: {}",
                     l.candidate,
                     pct(d),
                     regress.join("; ")
                 )
             } else if !unsure.is_empty() || pending != Pending::None {
                 format!(
-                    "keep the defaults: trial #{} gains {} on the objective, but {} {}; not recommended without more rounds",
+                    "keep the defaults: trial #{} changes the objective by {}, but {} {}; not recommended without more rounds",
                     l.candidate,
                     pct(d),
                     if unsure.is_empty() {
