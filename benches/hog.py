@@ -106,8 +106,7 @@ def main():
         result = {"run": run, "hog_trial": k, "hog_span_s": hog_span, "verdict": verdict,
                   "recommended": out and out["recommended"], "study_s": time.time() - t0}
         if out and out.get("recommended") is not None:
-            base = next(t for t in (rec if isinstance(rec, list) else rec["trials"])
-                        if t["seq"] == out["baseline_trial"])
+            base = next(t for t in rec if t["seq"] == out["baseline_trial"])
             cand_cmd = out["recommended_command"]
             r = subprocess.run([sys.executable, os.path.join(ROOT, "benches/remeasure.py"),
                                 "--rounds", str(a.remeasure_rounds),

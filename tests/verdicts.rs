@@ -227,9 +227,9 @@ async fn a_cpu_hog_during_the_defaults_run_does_not_make_a_loss_the_verdict() {
 
 #[tokio::test]
 async fn one_failed_request_of_a_promising_run_is_confirmed_before_it_counts() {
-    // The defaults' first run loses one request of 400 (a transport glitch): below the 99%
-    // floor is 5 failures, so one is within the floor; here the floor is 100% to make one
-    // failure a miss. The run is confirmed with a second one, which is clean.
+    // The defaults' first run loses one request of 400 (a transport glitch). At a 99% floor
+    // one failure would pass; with a 100% floor it is a miss by one request, so the run is
+    // confirmed with a second one, which is clean, and the second counts.
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
     let t = text(

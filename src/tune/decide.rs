@@ -187,6 +187,12 @@ fn runs<'a>(trials: &'a [TrialRecord], workloads: &[String], wi: usize, arm: u32
     out
 }
 
+/// Whether a search trial's engine never started (a classified start-up failure): such
+/// defaults are not re-measured, there is nothing to measure.
+pub fn failed_to_start(t: &TrialRecord) -> bool {
+    t.status == TrialStatus::Failed && t.screen.is_none() && t.full.is_none()
+}
+
 /// The value a workload is compared on: the objective where the workload can measure it; a
 /// validation workload without `--goodput` is compared on request throughput instead of
 /// goodput, and tokens per joule falls back to output throughput where no energy was read.
@@ -312,24 +318,19 @@ fn workload_checks(
     primary: bool,
 ) -> Vec<Check> {
     let mut out = Vec::new();
-    let objective_label = format!(
-        "{}{}",
-        rules.metric.label(),
-        if value_of(
-            rules.metric,
-            base.measured.first().copied().unwrap_or(&EMPTY)
+    let fallback = base
+        .measured
+        .iter()
+        .chain(&cand.measured)
+        .any(|m| m.objective(rules.metric).is_none());
+    let objective_label = if fallback {
+        format!(
+            "{} (compared on the fallback: this workload cannot measure the objective)",
+            rules.metric.label()
         )
-        .is_some()
-            && base
-                .measured
-                .first()
-                .is_some_and(|m| m.objective(rules.metric).is_none())
-        {
-            " (compared on the fallback: this workload cannot measure the objective)"
-        } else {
-            ""
-        }
-    );
+    } else {
+        rules.metric.label().to_owned()
+    };
     let vals = |r: &Runs, f: &dyn Fn(&Measurement) -> Option<f64>| -> Vec<f64> {
         r.measured.iter().filter_map(|m| f(m)).collect()
     };
@@ -427,28 +428,6 @@ fn workload_checks(
     out
 }
 
-static EMPTY: Measurement = Measurement {
-    workload: String::new(),
-    num_prompts: 0,
-    request_rate: None,
-    duration_s: 0.0,
-    completed: 0,
-    failed: 0,
-    success_rate: 0.0,
-    total_token_throughput: 0.0,
-    output_throughput: 0.0,
-    request_throughput: 0.0,
-    request_goodput: None,
-    total_output_tokens: 0,
-    latencies_ms: std::collections::BTreeMap::new(),
-    aborted: None,
-    tokens_per_joule: None,
-    summary: None,
-    resolution: None,
-    failures: std::collections::BTreeMap::new(),
-    confirmed: None,
-};
-
 /// A candidate's own mean and 95% interval, as a `Diff` with no defaults (`n_b = 0`): the
 /// defaults failed to start, so there is nothing to subtract.
 fn alone(v: &[f64]) -> Diff {
@@ -488,11 +467,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     };
     // Defaults that did not start (a classified engine failure) have nothing to compare with:
     // candidates are judged on their own constraints.
-    let base_failed_to_start = base.status == TrialStatus::Failed && base.command.is_none()
-        || base.status == TrialStatus::Failed
-            && base.screen.is_none()
-            && base.full.is_none()
-            && base.failure.is_some();
+    let base_failed_to_start = failed_to_start(base);
     let base_runs = runs(input.trials, input.workloads, 0, base.seq);
     let baseline_infeasible = if base_failed_to_start {
         Some(match &base.failure {
@@ -772,7 +747,7 @@ mod tests {
             output_throughput: v / 2.0,
             request_throughput: v / 100.0,
             latencies_ms: lat,
-            ..EMPTY.clone()
+            ..Default::default()
         }
     }
 

@@ -22,7 +22,7 @@ use crate::space::{Config, Space};
 use crate::telemetry::TelemetrySummary;
 
 /// One benchmark run's figures, as the tuner needs them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measurement {
     pub workload: String,
     pub num_prompts: usize,

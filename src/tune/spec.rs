@@ -391,6 +391,23 @@ fn resolve_alias(s: &str, what: &str) -> Result<String, TuneError> {
     Ok(p.display().to_string())
 }
 
+/// `--metric-percentiles` with the percentile of every `pNN` statistic in `stats` added.
+fn with_percentiles(current: &str, stats: impl Iterator<Item = String>) -> String {
+    let mut pcts: Vec<String> = current
+        .split(',')
+        .map(|x| x.trim().to_owned())
+        .filter(|x| !x.is_empty())
+        .collect();
+    for st in stats {
+        if let Some(p) = st.strip_prefix('p') {
+            if !pcts.iter().any(|x| x == p) {
+                pcts.push(p.to_owned());
+            }
+        }
+    }
+    pcts.join(",")
+}
+
 /// The screening fraction a primary workload allows (see `Study::screen_fraction`).
 fn screen_fraction(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<String>) -> f64 {
     let frac = s.screening.fraction;
@@ -595,21 +612,14 @@ impl Study {
             // The study's constraints are the run's early-abort policy too.
             b.min_success_rate = Some(s.constraints.min_success_rate);
             b.slo = s.constraints.slo.clone();
-            let mut pcts: Vec<String> = b
-                .metric_percentiles
-                .split(',')
-                .map(|x| x.trim().to_owned())
-                .filter(|x| !x.is_empty())
-                .collect();
-            for l in &limits {
-                if let crate::bench::abort::Stat::P(p) = l.stat {
-                    let p = format!("{p}");
-                    if !pcts.contains(&p) {
-                        pcts.push(p);
-                    }
-                }
-            }
-            b.metric_percentiles = pcts.join(",");
+            // The runs report every percentile a limit or a guard judges.
+            let stats = limits.iter().map(|l| l.stat.label()).chain(
+                s.validation
+                    .guards
+                    .iter()
+                    .filter_map(|g| g.split_once(':').map(|(_, st)| st.to_owned())),
+            );
+            b.metric_percentiles = with_percentiles(&b.metric_percentiles, stats);
             b.disable_tqdm = true;
             b.validate().map_err(|e| field(&format!("{f}.args"), e))?;
             if w.primary {
@@ -662,23 +672,6 @@ impl Study {
         }
         let model = resolve_alias(&s.study.model, "study.model")?;
         let mut warnings = Vec::new();
-        // Guards need their percentile in every run.
-        for (_, b) in workloads.iter_mut() {
-            let mut pcts: Vec<String> = b
-                .metric_percentiles
-                .split(',')
-                .map(|x| x.trim().to_owned())
-                .filter(|x| !x.is_empty())
-                .collect();
-            for g in &s.validation.guards {
-                if let Some(p) = g.split_once(':').and_then(|(_, st)| st.strip_prefix('p')) {
-                    if !pcts.iter().any(|x| x == p) {
-                        pcts.push(p.to_owned());
-                    }
-                }
-            }
-            b.metric_percentiles = pcts.join(",");
-        }
         let screen_fraction = screen_fraction(s, &workloads[0].1, &mut warnings);
         Ok(Study {
             text: text.to_owned(),

@@ -16,10 +16,9 @@ pub fn cdf(z: f64) -> f64 {
     std_normal().cdf(z)
 }
 
-/// Inverse of the standard normal distribution function, for `p` in (0, 1).
-pub fn normal_quantile(p: f64) -> f64 {
-    std_normal().inverse_cdf(p.clamp(1e-300, 1.0 - 1e-16))
-}
+/// Inverse of the standard normal distribution function (the load generator's, one
+/// definition for the crate).
+pub use crate::bench::abort::normal_quantile;
 
 fn std_normal() -> statrs::distribution::Normal {
     statrs::distribution::Normal::standard()

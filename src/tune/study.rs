@@ -1104,10 +1104,6 @@ impl<E: Evaluator> Runner<E> {
         Some((base, cands))
     }
 
-    fn baseline_started(base: &TrialRecord) -> bool {
-        base.command.is_some() && !(base.status == TrialStatus::Failed && base.screen.is_none())
-    }
-
     /// The gate's answer on the records so far (`last`: no more rounds may be run).
     fn decision(&self, all: &[TrialRecord], last: bool) -> Option<Decision> {
         let (base, cands) = self.arms(all)?;
@@ -1138,7 +1134,7 @@ impl<E: Evaluator> Runner<E> {
                 "no baseline trial was recorded".into(),
             ));
         };
-        let mut arms: Vec<u32> = if Self::baseline_started(&base) {
+        let mut arms: Vec<u32> = if !decide::failed_to_start(&base) {
             vec![base.seq]
         } else {
             Vec::new()
@@ -1295,7 +1291,6 @@ impl<E: Evaluator> Runner<E> {
             validation: Self::rounds_of(&all, false),
             why,
         };
-        let _ = remeasure_rounds;
         self.finish_study(rec, &all, &base, d, rounds)
     }
 
