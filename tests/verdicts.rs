@@ -226,6 +226,92 @@ async fn a_cpu_hog_during_the_defaults_run_does_not_make_a_loss_the_verdict() {
 }
 
 #[tokio::test]
+async fn a_run_disturbed_by_foreign_load_is_run_again_and_the_rerun_counts() {
+    // The same hog on the defaults' search run, now seen: the run reports 1.5 foreign cores
+    // (`telemetry::host`), so the study runs it again once the machine is quiet, and the
+    // defaults' trial is recorded from the quiet run (feasible, at its undisturbed speed).
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let tpot = defaults_tpot(&store).await;
+    let slo = format!("\"tpot:mean:{:.1}\"", tpot * 1.25);
+    let t = text(
+        "seen",
+        "\"enable_prefix_caching\", \"block_size\"",
+        &slo,
+        "[screening]\nfraction = 1\n[budget]\ntrials = 4\n",
+    )
+    .replace("[budget]\ntrials = 14\n", "");
+    let hogged = Box::new(|i: usize, _: &Config, _: &RunSpec, m: &mut Measurement| {
+        m.foreign_cores = Some(0.02);
+        if i == 0 {
+            m.foreign_cores = Some(1.5);
+            m.total_token_throughput *= 0.6;
+            for (k, v) in m.latencies_ms.iter_mut() {
+                if k.starts_with("tpot") {
+                    *v *= 1.5;
+                }
+            }
+        }
+    });
+    let mut r = runner(&store, &t, hogged);
+    r.run().await.unwrap();
+    let ts = study::trials(&store, "seen").unwrap();
+    let d = search(&ts)[0];
+    assert_eq!(d.status, TrialStatus::Ok, "{:?}", d.early_stop);
+    let full = d.full.as_ref().unwrap();
+    assert!(
+        full.replaces
+            .as_deref()
+            .unwrap_or("")
+            .contains("other processes kept 1.50 cores busy"),
+        "{:?}",
+        full.replaces
+    );
+    assert_eq!(full.foreign_cores, Some(0.02));
+    assert!(
+        full.latencies_ms["tpot:mean"] < tpot * 1.1,
+        "the quiet run counts"
+    );
+}
+
+#[tokio::test]
+async fn a_study_run_beside_a_persistent_hog_recommends_nothing() {
+    // Another process keeps the machine busy for the whole study, and on the busy machine the
+    // other configurations read 50% faster than the defaults (as fewer threads do on a
+    // half-busy CPU). Every run reports the foreign load; no verdict may come of it.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t = text(
+        "busy",
+        "\"enable_prefix_caching\", \"block_size\"",
+        "",
+        "[foreign_load]\nsettle_s = 0\n",
+    );
+    let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
+    let defaults = space.defaults();
+    let moved = Box::new(
+        move |_: usize, cfg: &Config, _: &RunSpec, m: &mut Measurement| {
+            m.foreign_cores = Some(1.0);
+            if cfg.get("block_size") != defaults.get("block_size")
+                || cfg.get("enable_prefix_caching") != defaults.get("enable_prefix_caching")
+            {
+                m.total_token_throughput *= 1.5;
+            }
+        },
+    );
+    let mut r = runner(&store, &t, moved);
+    let rec = r.run().await.unwrap();
+    let o = rec.outcome.unwrap();
+    assert_eq!(o.recommended, None, "{}", o.verdict);
+    assert!(
+        o.verdict
+            .starts_with("keep the defaults: other processes kept this machine busy"),
+        "{}",
+        o.verdict
+    );
+}
+
+#[tokio::test]
 async fn one_failed_request_of_a_promising_run_is_confirmed_before_it_counts() {
     // The defaults' first run loses one request of 400 (a transport glitch). At a 99% floor
     // one failure would pass; with a 100% floor it is a miss by one request, so the run is
@@ -256,9 +342,9 @@ async fn one_failed_request_of_a_promising_run_is_confirmed_before_it_counts() {
     let m = base.full.as_ref().unwrap();
     assert_eq!(m.failed, 0);
     assert!(
-        m.confirmed.as_deref().unwrap_or("").contains("narrowly"),
+        m.replaces.as_deref().unwrap_or("").contains("narrowly"),
         "{:?}",
-        m.confirmed
+        m.replaces
     );
 }
 

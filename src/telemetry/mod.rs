@@ -6,6 +6,8 @@
 //! Without a driver: telemetry is off (one info line, never an error) and the fingerprint is
 //! the CPU's model and core count.
 
+pub mod host;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

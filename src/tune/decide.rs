@@ -6,6 +6,10 @@
 //! that stored decision. Nothing else decides.
 //!
 //! The rule, in order:
+//! 0. A round during which other processes kept more than `[foreign_load] max_cores` cores
+//!    busy on average is set aside (not pooled, not tested); the verdict counts them. While an
+//!    arm of the primary workload has fewer than 2 undisturbed rounds, more rounds are asked
+//!    for; at the cap it is "keep the defaults: the machine was busy".
 //! 1. Every arm (the engine's defaults and each candidate) is judged on all of its rounds of a
 //!    workload pooled: a round the engine failed in (a classified engine failure) makes the arm
 //!    fail; otherwise the success rate is the pooled one (completed / sent over every round)
@@ -50,6 +54,14 @@ pub struct Rules {
     pub guards: Vec<Guard>,
     /// One-sided family-wise error rate of the gain test.
     pub alpha: f64,
+    /// A round during which other processes kept more cores busy than this on average is
+    /// disturbed and set aside (`[foreign_load] max_cores`).
+    #[serde(default = "no_limit")]
+    pub max_foreign_cores: f64,
+}
+
+fn no_limit() -> f64 {
+    f64::INFINITY
 }
 
 /// The default one-sided family-wise error rate: 2.5%, a 95% two-sided interval.
@@ -129,6 +141,9 @@ pub struct Decision {
     /// and within the tolerance) and other workloads exist: validation is due.
     #[serde(default)]
     pub validate: bool,
+    /// Rounds (trial numbers) set aside because other processes disturbed them.
+    #[serde(default)]
+    pub set_aside: Vec<u32>,
     pub verdict: String,
 }
 
@@ -150,12 +165,21 @@ pub struct Input<'a> {
 struct Runs<'a> {
     measured: Vec<&'a Measurement>,
     failed: Vec<(u32, &'a TrialFailure)>,
+    /// Rounds set aside: `(trial, foreign cores)`.
+    disturbed: Vec<(u32, f64)>,
 }
 
-fn runs<'a>(trials: &'a [TrialRecord], workloads: &[String], wi: usize, arm: u32) -> Runs<'a> {
+fn runs<'a>(
+    rules: &Rules,
+    trials: &'a [TrialRecord],
+    workloads: &[String],
+    wi: usize,
+    arm: u32,
+) -> Runs<'a> {
     let mut out = Runs {
         measured: Vec::new(),
         failed: Vec::new(),
+        disturbed: Vec::new(),
     };
     for t in trials {
         let mine = match &t.kind {
@@ -177,11 +201,13 @@ fn runs<'a>(trials: &'a [TrialRecord], workloads: &[String], wi: usize, arm: u32
                     out.failed.push((t.seq, f));
                 }
             }
-            TrialStatus::Ok | TrialStatus::Infeasible => {
-                if let Some(m) = &t.full {
-                    out.measured.push(m);
-                }
-            }
+            TrialStatus::Ok | TrialStatus::Infeasible => match &t.full {
+                Some(m) if m.disturbed(rules.max_foreign_cores) => out
+                    .disturbed
+                    .push((t.seq, m.foreign_cores.unwrap_or(f64::NAN))),
+                Some(m) => out.measured.push(m),
+                None => {}
+            },
         }
     }
     out
@@ -468,7 +494,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     // Defaults that did not start (a classified engine failure) have nothing to compare with:
     // candidates are judged on their own constraints.
     let base_failed_to_start = failed_to_start(base);
-    let base_runs = runs(input.trials, input.workloads, 0, base.seq);
+    let base_runs = runs(rules, input.trials, input.workloads, 0, base.seq);
     let baseline_infeasible = if base_failed_to_start {
         Some(match &base.failure {
             Some(f) => format!(
@@ -478,6 +504,12 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             ),
             None => "failed to start".into(),
         })
+    } else if base_runs.measured.is_empty()
+        && base_runs.failed.is_empty()
+        && !base_runs.disturbed.is_empty()
+    {
+        // Every round of the defaults was disturbed: unknown, not infeasible.
+        None
     } else {
         pooled_violation(
             &base_runs.measured,
@@ -495,7 +527,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         .candidates
         .iter()
         .map(|&c| {
-            let r = runs(input.trials, input.workloads, 0, c);
+            let r = runs(rules, input.trials, input.workloads, 0, c);
             let cvals: Vec<f64> = r
                 .measured
                 .iter()
@@ -511,12 +543,19 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                 diff,
                 p_adjusted: None,
                 significant: false,
-                disqualified: pooled_violation(
-                    &r.measured,
-                    &r.failed,
-                    rules.min_success_rate,
-                    &rules.limits,
-                ),
+                disqualified: if r.measured.is_empty()
+                    && r.failed.is_empty()
+                    && !r.disturbed.is_empty()
+                {
+                    Some("every round was disturbed by other processes".into())
+                } else {
+                    pooled_violation(
+                        &r.measured,
+                        &r.failed,
+                        rules.min_success_rate,
+                        &rules.limits,
+                    )
+                },
             }
         })
         .collect();
@@ -558,8 +597,8 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     let mut checks = Vec::new();
     if let Some(l) = &leader {
         for (wi, name) in input.workloads.iter().enumerate() {
-            let b = runs(input.trials, input.workloads, wi, base.seq);
-            let c = runs(input.trials, input.workloads, wi, l.candidate);
+            let b = runs(rules, input.trials, input.workloads, wi, base.seq);
+            let c = runs(rules, input.trials, input.workloads, wi, l.candidate);
             if wi > 0 && b.measured.is_empty() && c.measured.is_empty() && c.failed.is_empty() {
                 continue;
             }
@@ -584,7 +623,29 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             .as_ref()
             .and_then(|c| c.diff.as_ref())
             .is_some_and(|d| d.diff > 0.0);
-    let pending = if gain_could_come || (significant_leader.is_some() && primary_unsure) {
+    // Rounds set aside for foreign load, and whether any arm of the primary workload is left
+    // with too few undisturbed rounds for an interval (more rounds may be quiet).
+    let mut set_aside: Vec<(u32, f64)> = Vec::new();
+    let mut short_of_clean = false;
+    let mut primary_rounds = 0usize;
+    for (wi, _) in input.workloads.iter().enumerate() {
+        for arm in std::iter::once(base.seq).chain(input.candidates.iter().copied()) {
+            let r = runs(rules, input.trials, input.workloads, wi, arm);
+            if wi == 0 {
+                primary_rounds += r.measured.len() + r.disturbed.len() + r.failed.len();
+                if !r.disturbed.is_empty() && r.measured.len() < 2 && r.failed.is_empty() {
+                    short_of_clean = true;
+                }
+            }
+            set_aside.extend(r.disturbed);
+        }
+    }
+    set_aside.sort_by_key(|d| d.0);
+    set_aside.dedup_by_key(|d| d.0);
+    let pending = if (short_of_clean && !input.last)
+        || gain_could_come
+        || (significant_leader.is_some() && primary_unsure)
+    {
         Pending::Remeasure
     } else if significant_leader.is_some()
         && !primary_regress
@@ -716,6 +777,26 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             }
         }
     };
+    let worst = set_aside
+        .iter()
+        .map(|d| d.1)
+        .fold(0.0_f64, |a, b| if b.is_nan() { a } else { a.max(b) });
+    let verdict = if set_aside.is_empty() {
+        verdict
+    } else if recommended.is_none() && short_of_clean {
+        format!(
+            "keep the defaults: other processes kept this machine busy (up to {worst:.2} cores, limit {:.2}) during {} of {primary_rounds} re-measurement rounds, and too few undisturbed rounds remain to decide{}; run the study again when the machine is quiet",
+            rules.max_foreign_cores,
+            set_aside.len(),
+            if input.last { " at the round cap" } else { " so far" }
+        )
+    } else {
+        format!(
+            "{verdict} ({} disturbed round(s) set aside: other processes kept up to {worst:.2} cores busy, limit {:.2})",
+            set_aside.len(),
+            rules.max_foreign_cores
+        )
+    };
     Decision {
         recommended,
         leader: leader.map(|l| l.candidate),
@@ -724,6 +805,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         baseline_infeasible,
         pending,
         validate,
+        set_aside: set_aside.iter().map(|d| d.0).collect(),
         verdict,
     }
 }
@@ -803,6 +885,7 @@ mod tests {
                 })
                 .collect(),
             alpha: ALPHA,
+            max_foreign_cores: 0.25,
         }
     }
 
@@ -886,6 +969,73 @@ mod tests {
         assert_eq!(d.baseline_infeasible, None, "{d:?}");
         assert_eq!(d.recommended, Some(1), "{}", d.verdict);
         assert!(d.verdict.starts_with("run trial #1"), "{}", d.verdict);
+    }
+
+    fn busy(mut m: Measurement, cores: f64) -> Measurement {
+        m.foreign_cores = Some(cores);
+        m
+    }
+
+    #[test]
+    fn a_disturbed_round_of_the_defaults_is_set_aside_not_pooled() {
+        // The defaults' third round ran beside a busy process: 60 tok/s and TPOT 900 ms. Pooled,
+        // the defaults would miss the 300 ms SLO (mean 433 ms) and a candidate no faster than
+        // them would be recommended; set aside, the defaults meet it and nothing beats them.
+        let r = rules(&["tpot:mean:300"], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3u32 {
+            let bm = if i == 2 {
+                busy(meas(60.0, 900.0, 900.0), 1.4)
+            } else {
+                busy(meas(100.0 + i as f64, 200.0, 900.0), 0.05)
+            };
+            b.round(&r, 0, i, bm);
+            b.round(&r, 1, i, meas(100.5 - i as f64, 200.0, 900.0));
+        }
+        b.round(&r, 0, 3, meas(100.5, 200.0, 900.0));
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.baseline_infeasible, None, "{d:?}");
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert_eq!(d.set_aside.len(), 1, "{d:?}");
+        assert!(
+            d.verdict.contains("1 disturbed round(s) set aside"),
+            "{}",
+            d.verdict
+        );
+        // With the check off (no limit), the same records pool the disturbed round and recommend.
+        let off = Rules {
+            max_foreign_cores: f64::INFINITY,
+            ..r.clone()
+        };
+        let d = b.decide(&off, &["main"], &[1], true);
+        assert_eq!(d.recommended, Some(1), "{}", d.verdict);
+    }
+
+    #[test]
+    fn a_study_disturbed_throughout_keeps_the_defaults_and_says_why() {
+        // Every round of every arm ran beside a busy process (the optimum moves on a half-busy
+        // machine): the candidate reads +50%, and nothing of it may be recommended.
+        let r = rules(&[], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3u32 {
+            b.round(&r, 0, i, busy(meas(100.0 + i as f64, 10.0, 100.0), 1.0));
+            b.round(&r, 1, i, busy(meas(150.0 + i as f64, 10.0, 100.0), 1.0));
+        }
+        let d = b.decide(&r, &["main"], &[1], false);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert_eq!(d.pending, Pending::Remeasure, "more rounds may be quiet");
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert_eq!(d.pending, Pending::None);
+        assert_eq!(d.set_aside.len(), 6);
+        assert!(
+            d.verdict
+                .starts_with("keep the defaults: other processes kept this machine busy")
+                && d.verdict
+                    .contains("run the study again when the machine is quiet"),
+            "{}",
+            d.verdict
+        );
     }
 
     #[test]

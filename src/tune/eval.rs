@@ -51,11 +51,16 @@ pub struct Measurement {
     /// Failed requests by reason (`stream_interrupted`, `http_status`, …).
     #[serde(default)]
     pub failures: BTreeMap<String, usize>,
-    /// Set when this run replaced an earlier one that missed the constraints narrowly: what
-    /// the first run read (a promising configuration is confirmed before it is called
-    /// infeasible).
+    /// Set when this run replaced an earlier one: why, and what the first run read (a
+    /// promising configuration that missed the constraints narrowly is confirmed before it is
+    /// called infeasible; a run disturbed by foreign load is run again once the machine is
+    /// quiet).
+    #[serde(default, alias = "confirmed")]
+    pub replaces: Option<String>,
+    /// The mean number of cores other processes kept busy during the run
+    /// (`telemetry::host`); `None` where it could not be read.
     #[serde(default)]
-    pub confirmed: Option<String>,
+    pub foreign_cores: Option<f64>,
 }
 
 fn finite(x: f64) -> f64 {
@@ -124,7 +129,8 @@ impl Measurement {
                 .iter()
                 .map(|(k, n)| (k.as_str().to_owned(), *n))
                 .collect(),
-            confirmed: None,
+            replaces: None,
+            foreign_cores: None,
         }
     }
 
@@ -138,6 +144,11 @@ impl Measurement {
             Metric::TokensPerJoule => self.tokens_per_joule,
             Metric::MaxRate => self.request_rate,
         }
+    }
+
+    /// Whether other processes kept more than `max_cores` cores busy during the run.
+    pub fn disturbed(&self, max_cores: f64) -> bool {
+        self.foreign_cores.is_some_and(|f| f > max_cores)
     }
 
     /// Why this run misses the constraints, if it does.
@@ -221,6 +232,12 @@ pub trait Evaluator {
     fn stop(&mut self) -> impl Future<Output = Result<Option<TelemetrySummary>, TrialFailure>>;
     /// The workloads' names, primary first.
     fn workloads(&self) -> Vec<String>;
+    /// Waits until other processes keep at most `max_cores` cores busy, or `limit` has
+    /// passed; the foreign cores last read (`None`: not measured here).
+    fn settle(&mut self, max_cores: f64, limit: Duration) -> impl Future<Output = Option<f64>> {
+        let _ = (max_cores, limit);
+        async { None }
+    }
 }
 
 /// Real engines, real load.
@@ -285,6 +302,11 @@ impl EngineEvaluator {
             patterns: Patterns::default(),
             sampler: None,
         }
+    }
+
+    /// The process groups whose CPU time is the engine's (not foreign load).
+    fn groups(&self) -> Vec<i32> {
+        self.engine.iter().map(|e| e.ready.process.pgid()).collect()
     }
 
     /// The engine died or stopped answering: classify from its log.
@@ -375,7 +397,9 @@ impl Evaluator for EngineEvaluator {
             .entry(key)
             .or_insert_with(|| plan.requests.clone());
         let rate = plan.shape.request_rate;
+        let probe = crate::telemetry::host::Probe::start(self.groups());
         let outcome = crate::bench::run(plan).await.map_err(infra)?;
+        let foreign_cores = probe.finish();
         if let Some(f) = self.engine_failure("during the benchmark") {
             return Err(f);
         }
@@ -400,14 +424,16 @@ impl Evaluator for EngineEvaluator {
                     .unwrap_or_default(),
             });
         }
-        Ok(Measurement::from_summary(
+        let mut m = Measurement::from_summary(
             &name,
             args.num_prompts,
             rate,
             &outcome.summary,
             outcome.aborted,
             &self.limits,
-        ))
+        );
+        m.foreign_cores = foreign_cores;
+        Ok(m)
     }
 
     async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
@@ -423,5 +449,10 @@ impl Evaluator for EngineEvaluator {
 
     fn workloads(&self) -> Vec<String> {
         self.workloads.iter().map(|w| w.0.clone()).collect()
+    }
+
+    async fn settle(&mut self, max_cores: f64, limit: Duration) -> Option<f64> {
+        crate::telemetry::host::wait_quiet(&self.groups(), max_cores, Duration::from_secs(2), limit)
+            .await
     }
 }

@@ -272,7 +272,8 @@ impl SimEvaluator {
             summary: None,
             resolution: None,
             failures: BTreeMap::new(),
-            confirmed: None,
+            replaces: None,
+            foreign_cores: None,
         })
     }
 }

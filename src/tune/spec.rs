@@ -35,6 +35,8 @@ pub struct StudySpec {
     pub remeasure: Remeasure,
     #[serde(default)]
     pub validation: Validation,
+    #[serde(default)]
+    pub foreign_load: ForeignLoad,
     #[serde(rename = "workload")]
     pub workloads: Vec<Workload>,
 }
@@ -313,6 +315,42 @@ impl Default for Validation {
     }
 }
 
+/// Other processes' CPU use during a run (`telemetry::host`): a run during which they kept
+/// more than `max_cores` cores busy on average is disturbed. It is run again once the machine
+/// is quiet (`reruns` times at most, after waiting up to `settle_s` for quiet), and a disturbed
+/// round is set aside by the gate, which never recommends on disturbed runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForeignLoad {
+    /// Mean foreign cores over a run above which it is disturbed; `inf` turns the check off.
+    #[serde(default = "max_cores")]
+    pub max_cores: f64,
+    #[serde(default = "reruns")]
+    pub reruns: u32,
+    #[serde(default = "settle_s")]
+    pub settle_s: f64,
+}
+
+fn max_cores() -> f64 {
+    0.25
+}
+fn reruns() -> u32 {
+    1
+}
+fn settle_s() -> f64 {
+    30.0
+}
+
+impl Default for ForeignLoad {
+    fn default() -> Self {
+        ForeignLoad {
+            max_cores: max_cores(),
+            reruns: reruns(),
+            settle_s: settle_s(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
@@ -365,6 +403,7 @@ pub fn rules_of(spec: &StudySpec, limits: &[LatencyLimit]) -> super::decide::Rul
             .map(|g| super::decide::Guard { key: g.clone() })
             .collect(),
         alpha: super::decide::ALPHA,
+        max_foreign_cores: spec.foreign_load.max_cores,
     }
 }
 
@@ -534,6 +573,19 @@ impl Study {
                     "{} is below remeasure.repeats ({})",
                     s.remeasure.max_repeats, s.remeasure.repeats
                 ),
+            ));
+        }
+        let fl = &s.foreign_load;
+        if fl.max_cores.is_nan() || fl.max_cores <= 0.0 {
+            return Err(field(
+                "foreign_load.max_cores",
+                format!("{} is not a positive number of cores", fl.max_cores),
+            ));
+        }
+        if !fl.settle_s.is_finite() || fl.settle_s < 0.0 {
+            return Err(field(
+                "foreign_load.settle_s",
+                format!("{} is not a number of seconds ≥ 0", fl.settle_s),
             ));
         }
         for (i, g) in s.validation.guards.iter().enumerate() {

@@ -1,0 +1,238 @@
+//! Foreign CPU load: how much of the host's CPU time during a benchmark run went to processes
+//! that are neither servetune nor the engine under test (a compiler, a cron job, another
+//! tenant's steal time). On a shared machine such load slows one run and not the next, or
+//! slows a whole study and moves its optimum (fewer threads win on a half-busy machine); the
+//! study sets disturbed runs aside and says so. Linux only (`/proc`); elsewhere it reads
+//! nothing and every run counts as undisturbed.
+//!
+//! Busy time is `user + nice + system + steal` of `/proc/stat`'s `cpu` line: interrupt time
+//! is left out because the kernel charges the loopback traffic of the run itself there.
+//! Ours is `utime + stime + cutime + cstime` of `/proc/self` and of every process in the
+//! engine's process group (`/proc/<pid>/stat`, field 5); all counters are in clock ticks.
+
+use std::time::Instant;
+
+/// CPU counters at one instant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    at: Instant,
+    /// Busy ticks of the whole host.
+    busy: u64,
+    /// Ticks of servetune and the engine's process group.
+    ours: u64,
+}
+
+/// The busy ticks of the aggregate `cpu` line of `/proc/stat`.
+pub fn parse_host_busy(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().ok())
+        .collect::<Option<Vec<u64>>>()?;
+    // user nice system idle iowait irq softirq steal guest guest_nice
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    (f.len() >= 4).then(|| at(0) + at(1) + at(2) + at(7))
+}
+
+/// `(process group, ticks used by the process and its reaped children)` from a
+/// `/proc/<pid>/stat` line. The command name may hold spaces and parentheses: the fields
+/// start after the last `)`.
+pub fn parse_proc_stat(stat: &str) -> Option<(i32, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(0) ppid(1) pgrp(2) … utime(11) stime(12) cutime(13) cstime(14).
+    let pgrp = f.get(2)?.parse().ok()?;
+    let mut ticks = 0u64;
+    for i in 11..=14 {
+        // cutime/cstime are signed in the kernel's format; negative never happens in practice.
+        ticks += f.get(i)?.parse::<i64>().ok()?.max(0) as u64;
+    }
+    Some((pgrp, ticks))
+}
+
+fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// The counters now; `groups` are the engine's process groups. `None` where `/proc` cannot
+/// be read.
+pub fn snapshot(groups: &[i32]) -> Option<Snapshot> {
+    let at = Instant::now();
+    let busy = parse_host_busy(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    let mut ours = parse_proc_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?.1;
+    if !groups.is_empty() {
+        let me = std::process::id().to_string();
+        for e in std::fs::read_dir("/proc").ok()?.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name == me || !name.bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            // A process may exit between the listing and the read: skip it.
+            let Ok(text) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            if let Some((pgrp, t)) = parse_proc_stat(&text) {
+                if groups.contains(&pgrp) {
+                    ours += t;
+                }
+            }
+        }
+    }
+    Some(Snapshot { at, busy, ours })
+}
+
+/// The mean number of cores foreign processes kept busy between two snapshots (never
+/// negative: counters of processes that exited in between can make ours read high).
+pub fn foreign_cores(a: &Snapshot, b: &Snapshot) -> f64 {
+    let secs = b.at.duration_since(a.at).as_secs_f64();
+    if secs <= 0.0 {
+        return 0.0;
+    }
+    let busy = b.busy.saturating_sub(a.busy) as f64;
+    let ours = b.ours.saturating_sub(a.ours) as f64;
+    ((busy - ours) / ticks_per_s() / secs).max(0.0)
+}
+
+/// Measures the foreign load over a span: `start()` before, `finish()` after.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    groups: Vec<i32>,
+    first: Option<Snapshot>,
+}
+
+impl Probe {
+    pub fn start(groups: Vec<i32>) -> Probe {
+        let first = snapshot(&groups);
+        Probe { groups, first }
+    }
+
+    /// The mean foreign cores since `start()`; `None` where `/proc` could not be read.
+    pub fn finish(&self) -> Option<f64> {
+        let a = self.first?;
+        let b = snapshot(&self.groups)?;
+        Some(foreign_cores(&a, &b))
+    }
+}
+
+/// Waits until a window of `window` reads at most `max_cores` foreign cores, or `limit`
+/// has passed; the last window's reading (`None` without `/proc`).
+pub async fn wait_quiet(
+    groups: &[i32],
+    max_cores: f64,
+    window: std::time::Duration,
+    limit: std::time::Duration,
+) -> Option<f64> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let p = Probe::start(groups.to_vec());
+        tokio::time::sleep(window).await;
+        let f = p.finish()?;
+        if f <= max_cores || Instant::now() >= deadline {
+            return Some(f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn host_busy_counts_user_nice_system_and_steal_only() {
+        let stat = "cpu  100 20 30 5000 40 7 9 11 0 0\ncpu0 50 10 15 2500 20 3 4 5 0 0\nintr 1 2\n";
+        assert_eq!(parse_host_busy(stat), Some(100 + 20 + 30 + 11));
+        // Old kernels without steal.
+        assert_eq!(parse_host_busy("cpu  1 2 3 4\n"), Some(6));
+        assert_eq!(parse_host_busy("cpu0 1 2 3 4\n"), None);
+        assert_eq!(parse_host_busy("cpu  1 x 3 4\n"), None);
+    }
+
+    #[test]
+    fn proc_stat_survives_names_with_spaces_and_parentheses() {
+        let line = "4242 (llama (server) 1) S 1 4240 4240 0 -1 4194560 100 0 0 0 \
+                    250 50 7 3 20 0 8 0 12345 1000 100";
+        assert_eq!(parse_proc_stat(line), Some((4240, 250 + 50 + 7 + 3)));
+        assert_eq!(parse_proc_stat("no parenthesis"), None);
+        assert_eq!(parse_proc_stat("1 (x) S 1"), None);
+    }
+
+    #[test]
+    fn foreign_cores_subtracts_ours_and_never_goes_negative() {
+        let t0 = Instant::now();
+        let tps = ticks_per_s();
+        let a = Snapshot {
+            at: t0,
+            busy: 0,
+            ours: 0,
+        };
+        // 2 s: the host was busy 3 core-seconds, 1 of them ours → 1 foreign core.
+        let b = Snapshot {
+            at: t0 + Duration::from_secs(2),
+            busy: (3.0 * tps) as u64,
+            ours: tps as u64,
+        };
+        assert!((foreign_cores(&a, &b) - 1.0).abs() < 1e-9);
+        let c = Snapshot {
+            at: t0 + Duration::from_secs(2),
+            busy: 0,
+            ours: tps as u64,
+        };
+        assert_eq!(foreign_cores(&a, &c), 0.0);
+        assert_eq!(foreign_cores(&b, &b), 0.0);
+    }
+
+    /// A busy process outside the named groups reads as foreign load. Reads the real /proc.
+    #[test]
+    fn a_busy_outsider_is_foreign() {
+        if std::fs::read_to_string("/proc/stat").is_err() {
+            return;
+        }
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let p = Probe::start(Vec::new());
+        std::thread::sleep(Duration::from_millis(1500));
+        let f = p.finish().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        // One core when it has the machine to itself; at least a third of one even while the
+        // other tests of this binary keep both cores of a 2-core machine busy.
+        assert!(f > 0.3, "an outside busy loop read {f:.2} foreign cores");
+    }
+
+    /// The engine's process group is ours: a busy process in a named group is not foreign.
+    #[test]
+    fn a_named_group_is_ours() {
+        if std::fs::read_to_string("/proc/stat").is_err() {
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id() as i32;
+        let outside = Probe::start(Vec::new());
+        let inside = Probe::start(vec![pgid]);
+        std::thread::sleep(Duration::from_millis(1500));
+        let (fo, fi) = (outside.finish().unwrap(), inside.finish().unwrap());
+        let _ = child.kill();
+        let _ = child.wait();
+        // The same span read twice: the only difference is whose the busy loop is.
+        assert!(
+            fo - fi > 0.25,
+            "the busy loop counted as foreign {fo:.2} cores when not named, {fi:.2} when named"
+        );
+    }
+}
