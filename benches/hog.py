@@ -3,6 +3,7 @@
 independent re-measurement (`benches/remeasure.py`: interleaved rounds, fresh engines).
 
     benches/hog.py STUDY.toml --runs 5 --seed 1 [--remeasure-rounds 5] [--out results.jsonl]
+    benches/hog.py STUDY.toml --no-hog --study-seeds 0,1,2 --need-gain 40 [--out …]
 
 For each run: a fresh state directory; the study (`servetune tune`) in the background; one
 trial index drawn at random among the search trials (trial 0, the defaults, included); when
@@ -11,6 +12,11 @@ the next trial's directory appears; then the verdict. When the study recommends 
 the defaults and that command are re-measured on the primary workload, and the run passes
 when the re-measured change is not a loss beyond the study's tolerance. "Keep the defaults"
 passes by construction (it recommends nothing slower than the defaults). One JSON line per run.
+
+With `--no-hog` the same pipeline checks a study's verdicts on a quiet machine: with
+`--study-seeds`, one run per optimiser seed (the study file's `seed` replaced), and with
+`--need-gain PCT` a run passes only when the study recommends a command whose re-measured gain
+over the defaults is at least PCT percent.
 """
 
 import argparse
@@ -18,6 +24,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -51,6 +58,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--remeasure-rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-hog", action="store_true", help="no hog: check the verdicts as they are")
+    ap.add_argument("--study-seeds", default=None, help="comma-separated optimiser seeds, one run each")
+    ap.add_argument("--need-gain", type=float, default=None,
+                    help="pass only when the re-measured gain is at least this many percent")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     with open(a.study, "rb") as f:
@@ -60,11 +71,28 @@ def main():
     tol = spec.get("validation", {}).get("tolerance", 0.05)
     primary = next((w for w in spec["workload"] if w.get("primary")), spec["workload"][0])
     p = paths()
-    for run in range(a.runs):
+    seeds = [int(x) for x in a.study_seeds.split(",")] if a.study_seeds else None
+    with open(a.study) as f:
+        study_text = f.read()
+    for run in range(len(seeds) if seeds else a.runs):
         state = tempfile.mkdtemp(prefix=f"hog-{run}-")
         k = rng.randrange(0, budget)
+        if a.no_hog:
+            k = -10
+        study_file = a.study
+        if seeds:
+            # The same study with another optimiser seed, in the run's state directory, with the
+            # search spaces named by absolute path (write dataset paths as @aliases or absolute).
+            text, n = re.subn(r"(?m)^seed\s*=\s*\d+", f"seed = {seeds[run]}", study_text, count=1)
+            if n != 1:
+                sys.exit(f"{a.study}: no `seed = N` line to replace")
+            study_file = os.path.join(state, os.path.basename(a.study))
+            if "space_dir" not in text:
+                text = text.replace("[study]\n", f'[study]\nspace_dir = "{ROOT}/search-spaces"\n', 1)
+            with open(study_file, "w") as f:
+                f.write(text)
         t0 = time.time()
-        study = subprocess.Popen([BIN, "tune", a.study, "--state", state],
+        study = subprocess.Popen([BIN, "tune", study_file, "--state", state],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         trials = os.path.join(state, "trials", name)
         hogs, hog_span = [], None
@@ -77,7 +105,7 @@ def main():
                     log.append(chunk)
             except (BlockingIOError, TypeError):
                 pass
-            started = os.path.isdir(os.path.join(trials, f"trial-{k:04d}"))
+            started = k >= 0 and os.path.isdir(os.path.join(trials, f"trial-{k:04d}"))
             ended = os.path.isdir(os.path.join(trials, f"trial-{k + 1:04d}"))
             if started and not ended and not hogs and hog_span is None:
                 hogs = [multiprocessing.Process(target=hog, daemon=True)
@@ -103,7 +131,8 @@ def main():
                                 capture_output=True, text=True).stdout
         out = json.loads(report)["study"]["outcome"] if report else None
         verdict = out["verdict"] if out else text.strip().splitlines()[-1:]
-        result = {"run": run, "hog_trial": k, "hog_span_s": hog_span, "verdict": verdict,
+        result = {"run": run, "hog_trial": None if a.no_hog else k, "hog_span_s": hog_span,
+                  "study_seed": seeds[run] if seeds else None, "verdict": verdict,
                   "recommended": out and out["recommended"], "study_s": time.time() - t0}
         if out and out.get("recommended") is not None:
             base = next(t for t in rec if t["seq"] == out["baseline_trial"])
@@ -118,12 +147,14 @@ def main():
                     rm = json.load(f)
                 result["remeasured_change_pct"] = rm["change_pct"]
                 result["remeasured_ci_pct"] = rm["ci_pct"]
-                result["pass"] = rm["change_pct"] >= -100 * tol
+                result["pass"] = rm["change_pct"] >= (
+                    a.need_gain if a.need_gain is not None else -100 * tol)
             except (OSError, ValueError):
                 result["remeasure_error"] = r.stderr[-500:]
                 result["pass"] = None
         else:
-            result["pass"] = True
+            # Keeping the defaults never recommends a loss; it misses a gain that is needed.
+            result["pass"] = a.need_gain is None
         print(json.dumps(result), flush=True)
         if a.out:
             with open(a.out, "a") as f:

@@ -307,3 +307,140 @@ fn table(doc: &mut toml::Table, key: &str) -> toml::Table {
         .cloned()
         .unwrap_or_default()
 }
+
+/// Live processes whose stdout is a file under `dir` (an engine's log in a trial directory
+/// there): what a torn-down study must not leave.
+fn engines_logging_under(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        if stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+        {
+            continue;
+        }
+        if let Ok(target) = std::fs::read_link(e.path().join("fd/1")) {
+            if target.starts_with(dir) {
+                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+                out.push(format!(
+                    "{name}: {}",
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Kills the child on drop: a failed assertion must not leave a study (and its engine)
+/// running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// SIGTERM to a foreground `servetune tune` while the engine starts and while it is being
+/// benchmarked, and once more with its stderr a pipe nobody reads any more (the pipeline it
+/// ran in was killed; the signal watcher used to panic writing its notice before it set the
+/// stop flag, and the study and its engine ran on): servetune exits 130, and no llama-server
+/// is left running.
+#[test]
+fn sigterm_during_start_up_or_benchmark_leaves_no_engine() {
+    if paths().is_none() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text =
+        std::fs::read_to_string(root.join("studies/llamacpp-smollm2-sharegpt.toml")).unwrap();
+    let smoke = shrink_to_smoke(&text, &root.join("search-spaces"));
+    // `None`: right after the engine's log appears (it is loading the model); `Some(marker)`:
+    // once its log shows a request in a slot (the benchmark runs).
+    for (when, marker, closed_stderr) in [
+        ("start-up", None, false),
+        ("benchmark", Some("launch_slot"), false),
+        ("benchmark with stderr closed", Some("launch_slot"), true),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("smoke.toml");
+        std::fs::write(&file, &smoke).unwrap();
+        let state = dir.path().join("state");
+        let mut child = KillOnDrop(
+            std::process::Command::new(env!("CARGO_BIN_EXE_servetune"))
+                .args([
+                    "tune",
+                    file.to_str().unwrap(),
+                    "--state",
+                    state.to_str().unwrap(),
+                ])
+                .env("SERVETUNE_LOG", "warn")
+                .stdout(std::process::Stdio::null())
+                .stderr(if closed_stderr {
+                    std::process::Stdio::piped()
+                } else {
+                    std::process::Stdio::null()
+                })
+                .spawn()
+                .unwrap(),
+        );
+        let log = state
+            .join("trials")
+            .join("llamacpp-smollm2-sharegpt")
+            .join("trial-0000")
+            .join("engine.log");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let text = std::fs::read_to_string(&log).ok();
+            let reached = match (marker, &text) {
+                (None, Some(_)) => true,
+                (Some(m), Some(t)) => t.contains(m),
+                _ => false,
+            };
+            if reached {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{when} never reached");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Closing our end of the pipe: the child's next write to stderr fails (EPIPE).
+        drop(child.0.stderr.take());
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+        // Wait at most 60 s (teardown takes seconds); a study that ignored the signal is killed
+        // by the guard after the assertion fails.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(st) = child.0.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "SIGTERM during {when}: servetune still running after 60 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        // Exit 130 after a clean stop; with stderr closed the exit code may also report the
+        // failed final write, but the engine must be gone either way.
+        if !closed_stderr {
+            assert_eq!(status.code(), Some(130), "SIGTERM during {when}: {status}");
+        }
+        let left = engines_logging_under(dir.path());
+        assert!(left.is_empty(), "SIGTERM during {when} left {left:?}");
+        let store = servetune::store::Store::open(&state.join("db")).unwrap();
+        assert!(
+            store.engines().unwrap().is_empty(),
+            "SIGTERM during {when}: engine records left"
+        );
+    }
+}

@@ -35,6 +35,8 @@ struct Faulty {
     disturb: Disturb,
     /// Starts (by index) that fail as servetune's own fault.
     infra_fail_starts: Vec<usize>,
+    /// How often the study waited for the machine to be quiet.
+    settles: usize,
 }
 
 impl Evaluator for Faulty {
@@ -65,6 +67,10 @@ impl Evaluator for Faulty {
     }
     fn workloads(&self) -> Vec<String> {
         self.inner.workloads()
+    }
+    async fn settle(&mut self, _max_cores: f64, _limit: std::time::Duration) -> Option<f64> {
+        self.settles += 1;
+        Some(0.0)
     }
 }
 
@@ -138,6 +144,7 @@ fn runner(store: &Store, text: &str, disturb: Disturb) -> Runner<Faulty> {
         starts: 0,
         disturb,
         infra_fail_starts: Vec::new(),
+        settles: 0,
     };
     let dir = tempfile::tempdir().unwrap().keep();
     Runner::new(store.clone(), study, space, eval, dir)
@@ -272,6 +279,10 @@ async fn a_run_disturbed_by_foreign_load_is_run_again_and_the_rerun_counts() {
         full.latencies_ms["tpot:mean"] < tpot * 1.1,
         "the quiet run counts"
     );
+    assert_eq!(
+        r.eval.settles, 1,
+        "it waited for quiet once, before the rerun"
+    );
 }
 
 #[tokio::test]
@@ -288,18 +299,19 @@ async fn a_study_run_beside_a_persistent_hog_recommends_nothing() {
         "[foreign_load]\nsettle_s = 0\n",
     );
     let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
-    let defaults = space.defaults();
-    let moved = Box::new(
-        move |_: usize, cfg: &Config, _: &RunSpec, m: &mut Measurement| {
-            m.foreign_cores = Some(1.0);
-            if cfg.get("block_size") != defaults.get("block_size")
-                || cfg.get("enable_prefix_caching") != defaults.get("enable_prefix_caching")
-            {
-                m.total_token_throughput *= 1.5;
-            }
-        },
-    );
-    let mut r = runner(&store, &t, moved);
+    let moved = |defaults: Config| -> Disturb {
+        Box::new(
+            move |_: usize, cfg: &Config, _: &RunSpec, m: &mut Measurement| {
+                m.foreign_cores = Some(1.0);
+                if cfg.get("block_size") != defaults.get("block_size")
+                    || cfg.get("enable_prefix_caching") != defaults.get("enable_prefix_caching")
+                {
+                    m.total_token_throughput *= 1.5;
+                }
+            },
+        )
+    };
+    let mut r = runner(&store, &t, moved(space.defaults()));
     let rec = r.run().await.unwrap();
     let o = rec.outcome.unwrap();
     assert_eq!(o.recommended, None, "{}", o.verdict);
@@ -309,6 +321,14 @@ async fn a_study_run_beside_a_persistent_hog_recommends_nothing() {
         "{}",
         o.verdict
     );
+    assert!(!o.set_aside.is_empty());
+    // Control: the same study with the check off recommends the "gain" the busy machine shows.
+    let off = t
+        .replace("[foreign_load]\n", "[foreign_load]\nmax_cores = inf\n")
+        .replace("name = \"busy\"", "name = \"busy-off\"");
+    let mut r = runner(&store, &off, moved(space.defaults()));
+    let o = r.run().await.unwrap().outcome.unwrap();
+    assert!(o.recommended.is_some(), "{}", o.verdict);
 }
 
 #[tokio::test]

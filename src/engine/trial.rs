@@ -79,6 +79,23 @@ pub struct TrialEngine {
     launcher: Launcher,
 }
 
+/// An engine being started and not yet handed over as a `TrialEngine`: dropped armed (the
+/// start was abandoned mid-way), it tears down whatever carries the tag and forgets it.
+struct Unhanded<'a> {
+    launcher: &'a Launcher,
+    tag: Option<String>,
+}
+
+impl Drop for Unhanded<'_> {
+    fn drop(&mut self) {
+        if let Some(tag) = self.tag.take() {
+            if let Err(e) = self.launcher.forget(&tag) {
+                tracing::error!("abandoned engine start {tag}: {e}");
+            }
+        }
+    }
+}
+
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn new_tag() -> String {
@@ -157,6 +174,13 @@ impl Launcher {
             log: log.clone(),
             ladder: space.engine.ladder(),
         };
+        // From here on the engine may exist: if this future is dropped before it is handed
+        // over (the study was stopped during start-up), the guard kills whatever carries the
+        // tag and removes the record, as a failed start does.
+        let mut guard = Unhanded {
+            launcher: self,
+            tag: Some(tag.clone()),
+        };
         let patterns = Patterns::new(&space.engine.failures);
         let store = self.store.clone();
         let t2 = tag.clone();
@@ -165,6 +189,7 @@ impl Launcher {
             None => Ok(()),
         })
         .await;
+        guard.tag = None;
         match result {
             Ok(ready) => Ok(TrialEngine {
                 ready,
@@ -185,6 +210,7 @@ impl Launcher {
     }
 
     /// Kills whatever still carries `tag` and removes its record.
+    /// (Also called by `Unhanded` when a start is abandoned.)
     fn forget(&self, tag: &str) -> Result<(), TrialError> {
         for pgid in groups_with_tag(tag) {
             super::process::terminate_group(pgid, None, Duration::from_secs(10)).map_err(|e| {

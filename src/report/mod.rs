@@ -746,6 +746,41 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
             }
         }
     }
+    // Runs other processes disturbed: run again (search), or set aside by the gate (rounds).
+    let set_aside: &[u32] = d
+        .study
+        .outcome
+        .as_ref()
+        .map(|o| o.set_aside.as_slice())
+        .unwrap_or(&[]);
+    let mut disturbed = Vec::new();
+    for t in &d.trials {
+        // Without screening the screen is the full run: one line.
+        let full = t.full.as_ref().filter(|f| Some(*f) != t.screen.as_ref());
+        for m in [t.screen.as_ref(), full].into_iter().flatten() {
+            if let Some(r) = &m.replaces {
+                disturbed.push(format!("- #{}: {r}", t.seq));
+            }
+        }
+        if set_aside.contains(&t.seq) {
+            let cores = t
+                .full
+                .as_ref()
+                .and_then(|m| m.foreign_cores)
+                .map(|f| format!("{f:.2}"))
+                .unwrap_or_else(|| "?".into());
+            disturbed.push(format!(
+                "- #{}: set aside by the gate (other processes kept {cores} cores busy)",
+                t.seq
+            ));
+        }
+    }
+    if !disturbed.is_empty() {
+        let _ = writeln!(o, "\n## Runs replaced or set aside\n");
+        for line in disturbed {
+            let _ = writeln!(o, "{line}");
+        }
+    }
     let stops: Vec<&TrialRecord> = d.trials.iter().filter(|t| t.early_stop.is_some()).collect();
     if !stops.is_empty() {
         let _ = writeln!(o, "\n## Early stops and missed constraints\n");

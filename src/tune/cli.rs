@@ -50,12 +50,15 @@ pub async fn tune(
     }
     let telemetry = Telemetry::detect();
     let mut runner = super::engine_runner(study, store, state.join("trials"), telemetry).await?;
-    runner.progress = Box::new(|s: &str| eprintln!("{s}"));
+    // Progress and the stop notice never panic on a closed stderr (a pipe whose reader has
+    // gone, as when the pipeline it ran in was killed): `eprintln!` would, and a panic in the
+    // signal watcher before it set the flag left the study, and its engine, running.
+    runner.progress = Box::new(|s: &str| say(s));
     let cancel = runner.cancel.clone();
     let watcher = tokio::spawn(async move {
         crate::signals::terminated().await;
-        eprintln!("stopping: tearing the engine down; run the same command again to resume");
         cancel.store(true, Ordering::Relaxed);
+        say("stopping: tearing the engine down; run the same command again to resume");
     });
     let result = runner.run().await;
     watcher.abort();
@@ -66,6 +69,12 @@ pub async fn tune(
         print!("{}", summary(&rec));
     }
     Ok(rec)
+}
+
+/// A line on stderr; a stderr that cannot be written to is ignored.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The end-of-study summary.

@@ -7,9 +7,11 @@
 //!
 //! The rule, in order:
 //! 0. A round during which other processes kept more than `[foreign_load] max_cores` cores
-//!    busy on average is set aside (not pooled, not tested); the verdict counts them. While an
-//!    arm of the primary workload has fewer than 2 undisturbed rounds, more rounds are asked
-//!    for; at the cap it is "keep the defaults: the machine was busy".
+//!    busy on average is set aside (not pooled, not tested); the verdict counts them. While
+//!    the defaults or the leader (no leader: any candidate) has disturbed rounds and fewer than
+//!    2 undisturbed ones on the primary workload, nothing is recommended and more rounds are
+//!    asked for; at the cap it is "keep the defaults: the machine was busy". A validation
+//!    workload whose rounds were all set aside is inconclusive.
 //! 1. Every arm (the engine's defaults and each candidate) is judged on all of its rounds of a
 //!    workload pooled: a round the engine failed in (a classified engine failure) makes the arm
 //!    fail; otherwise the success rate is the pooled one (completed / sent over every round)
@@ -599,7 +601,14 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         for (wi, name) in input.workloads.iter().enumerate() {
             let b = runs(rules, input.trials, input.workloads, wi, base.seq);
             let c = runs(rules, input.trials, input.workloads, wi, l.candidate);
-            if wi > 0 && b.measured.is_empty() && c.measured.is_empty() && c.failed.is_empty() {
+            // A validation workload not run yet is skipped; one whose rounds were all set
+            // aside is not (its checks are inconclusive).
+            let unrun = b.measured.is_empty()
+                && c.measured.is_empty()
+                && c.failed.is_empty()
+                && b.disturbed.is_empty()
+                && c.disturbed.is_empty();
+            if wi > 0 && unrun {
                 continue;
             }
             checks.extend(workload_checks(rules, name, &b, &c, wi == 0));
@@ -623,23 +632,30 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             .as_ref()
             .and_then(|c| c.diff.as_ref())
             .is_some_and(|d| d.diff > 0.0);
-    // Rounds set aside for foreign load, and whether any arm of the primary workload is left
-    // with too few undisturbed rounds for an interval (more rounds may be quiet).
+    // Rounds set aside for foreign load, and whether the defaults or the leader (with no
+    // leader: any candidate) is left with fewer than 2 undisturbed rounds of the primary
+    // workload: no interval means anything then, and more rounds may be quiet.
     let mut set_aside: Vec<(u32, f64)> = Vec::new();
-    let mut short_of_clean = false;
-    let mut primary_rounds = 0usize;
+    let (mut primary_set_aside, mut primary_rounds) = (0usize, 0usize);
     for (wi, _) in input.workloads.iter().enumerate() {
         for arm in std::iter::once(base.seq).chain(input.candidates.iter().copied()) {
             let r = runs(rules, input.trials, input.workloads, wi, arm);
             if wi == 0 {
                 primary_rounds += r.measured.len() + r.disturbed.len() + r.failed.len();
-                if !r.disturbed.is_empty() && r.measured.len() < 2 && r.failed.is_empty() {
-                    short_of_clean = true;
-                }
+                primary_set_aside += r.disturbed.len();
             }
             set_aside.extend(r.disturbed);
         }
     }
+    let short = |arm: u32| {
+        let r = runs(rules, input.trials, input.workloads, 0, arm);
+        r.failed.is_empty() && r.measured.len() < 2 && !r.disturbed.is_empty()
+    };
+    let short_of_clean = (!base_failed_to_start && short(base.seq))
+        || match &leader {
+            Some(l) => short(l.candidate),
+            None => input.candidates.iter().any(|&c| short(c)),
+        };
     set_aside.sort_by_key(|d| d.0);
     set_aside.dedup_by_key(|d| d.0);
     let pending = if (short_of_clean && !input.last)
@@ -658,6 +674,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         Pending::None
     };
     let validate = significant_leader.is_some()
+        && !short_of_clean
         && !primary_regress
         && !primary_unsure
         && needs_validation
@@ -669,7 +686,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             .filter(|c| c.gate)
             .all(|c| c.state == CheckState::Ok);
         let validated = !needs_validation || validated_any;
-        (all_ok && validated && pending == Pending::None).then_some(l.candidate)
+        (all_ok && validated && !short_of_clean && pending == Pending::None).then_some(l.candidate)
     });
     let rounds = |c: &Comparison| c.diff.as_ref().map_or(0, |d| d.n_a);
     let problems = |state: CheckState| -> Vec<String> {
@@ -785,9 +802,8 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         verdict
     } else if recommended.is_none() && short_of_clean {
         format!(
-            "keep the defaults: other processes kept this machine busy (up to {worst:.2} cores, limit {:.2}) during {} of {primary_rounds} re-measurement rounds, and too few undisturbed rounds remain to decide{}; run the study again when the machine is quiet",
+            "keep the defaults: other processes kept this machine busy (up to {worst:.2} cores, limit {:.2}) during {primary_set_aside} of {primary_rounds} re-measurement runs, and too few undisturbed rounds remain to decide{}; run the study again when the machine is quiet",
             rules.max_foreign_cores,
-            set_aside.len(),
             if input.last { " at the round cap" } else { " so far" }
         )
     } else {
@@ -1033,6 +1049,54 @@ mod tests {
                 .starts_with("keep the defaults: other processes kept this machine busy")
                 && d.verdict
                     .contains("run the study again when the machine is quiet"),
+            "{}",
+            d.verdict
+        );
+    }
+
+    #[test]
+    fn a_validation_workload_whose_rounds_were_all_disturbed_blocks_the_recommendation() {
+        // A clear gain on the primary; the only validation workload ran beside a busy process
+        // in every round: it is not "not run yet", it is unknown, and unknown is not ok.
+        let r = rules(&[], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..3u32 {
+            b.round(&r, 0, i, meas(100.0 + i as f64, 10.0, 100.0));
+            b.round(&r, 1, i, meas(150.0 + i as f64, 10.0, 100.0));
+            b.validate(&r, "other", 0, i, busy(meas(100.0, 10.0, 100.0), 1.2));
+            b.validate(&r, "other", 1, i, busy(meas(100.0, 10.0, 100.0), 1.2));
+        }
+        let d = b.decide(&r, &["main", "other"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(
+            d.checks
+                .iter()
+                .any(|c| c.workload == "other" && c.gate && c.state == CheckState::Inconclusive),
+            "{:?}",
+            d.checks
+        );
+        assert_eq!(d.set_aside.len(), 6);
+    }
+
+    #[test]
+    fn a_leader_with_one_undisturbed_round_is_not_recommended_at_the_cap() {
+        // The defaults' one quiet round misses the SLO (so any candidate that meets it would
+        // count as significant) and the leader has a single quiet round; no guards. Without
+        // the short-of-clean rule the gate recommends on one round of each.
+        let r = rules(&["tpot:mean:300"], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        b.round(&r, 0, 0, meas(100.0, 400.0, 100.0));
+        b.round(&r, 1, 0, meas(130.0, 200.0, 100.0));
+        for i in 1..3u32 {
+            b.round(&r, 0, i, busy(meas(100.0, 200.0, 100.0), 1.0));
+            b.round(&r, 1, i, busy(meas(130.0, 200.0, 100.0), 1.0));
+        }
+        let d = b.decide(&r, &["main"], &[1], false);
+        assert_eq!(d.pending, Pending::Remeasure);
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(
+            d.verdict.contains("during 4 of 6 re-measurement runs"),
             "{}",
             d.verdict
         );

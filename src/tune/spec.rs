@@ -582,10 +582,16 @@ impl Study {
                 format!("{} is not a positive number of cores", fl.max_cores),
             ));
         }
-        if !fl.settle_s.is_finite() || fl.settle_s < 0.0 {
+        if !(0.0..=3600.0).contains(&fl.settle_s) {
             return Err(field(
                 "foreign_load.settle_s",
-                format!("{} is not a number of seconds ≥ 0", fl.settle_s),
+                format!("{} is not a number of seconds in [0, 3600]", fl.settle_s),
+            ));
+        }
+        if fl.reruns > 10 {
+            return Err(field(
+                "foreign_load.reruns",
+                format!("{} is more than 10", fl.reruns),
             ));
         }
         for (i, g) in s.validation.guards.iter().enumerate() {

@@ -170,6 +170,9 @@ pub struct Outcome {
     pub baseline_infeasible: Option<String>,
     #[serde(default)]
     pub rounds: Rounds,
+    /// Rounds (trial numbers) the gate set aside: other processes disturbed them.
+    #[serde(default)]
+    pub set_aside: Vec<u32>,
     pub search_trials: u32,
     pub screened_only: u32,
     pub bench_s: f64,
@@ -738,21 +741,33 @@ impl<E: Evaluator> Runner<E> {
                 seed_offset: seed_offset.wrapping_mul(1000).wrapping_add(runs),
             }
         };
+        // The foreign load of the search is the worst of its runs: one disturbed run moves the
+        // bracket, whichever run is returned.
+        let mut foreign: Option<f64> = None;
+        let mut seen = |m: &Measurement| {
+            if let Some(f) = m.foreign_cores {
+                foreign = Some(foreign.map_or(f, |g: f64| g.max(f)));
+            }
+        };
         let (mut lo, mut hi) = (o.rate_min, o.rate_max);
         let mut first = self.eval.run(&at(lo)).await?;
+        seen(&first);
         if first.violation(min_s, &limits).is_some() {
             first.resolution = Some(lo);
             return Ok(first);
         }
         let mut top = self.eval.run(&at(hi)).await?;
+        seen(&top);
         if top.violation(min_s, &limits).is_none() {
             top.resolution = Some(0.0);
+            top.foreign_cores = foreign;
             return Ok(top);
         }
         let mut best = first;
         for _ in 2..o.rate_steps {
             let mid = (lo * hi).sqrt();
             let m = self.eval.run(&at(mid)).await?;
+            seen(&m);
             if m.violation(min_s, &limits).is_none() {
                 lo = mid;
                 best = m;
@@ -762,6 +777,7 @@ impl<E: Evaluator> Runner<E> {
         }
         // The rate found is `lo`; the true boundary lies in [lo, hi).
         best.resolution = Some(hi - lo);
+        best.foreign_cores = foreign;
         Ok(best)
     }
 
@@ -789,22 +805,27 @@ impl<E: Evaluator> Runner<E> {
         })
     }
 
-    /// `measure`, run again once the machine is quiet when other processes disturbed it
-    /// (`[foreign_load]`): at most `reruns` times, each with other prompts, after waiting up
-    /// to `settle_s` for quiet. The time of every run is added to `bench_s`. A run still
-    /// disturbed after that is returned as it is (the gate sets it aside).
+    /// `measure`, and what to do when other processes disturbed it (`[foreign_load]`): wait up
+    /// to `settle_s` for the machine to be quiet, then, with `rerun` (search runs), run it
+    /// again with other prompts (at most `reruns` times). Re-measurement and validation rounds
+    /// are not rerun in place (a second run on a warm engine is not like the other rounds): the
+    /// gate sets the disturbed round aside and asks for another, which starts on a quiet
+    /// machine. The time of every run is added to `bench_s`. A run still disturbed after that
+    /// is returned as it is.
     async fn quiet_measure(
         &mut self,
         workload: usize,
         fraction: f64,
         abort: bool,
         seed_offset: u64,
+        rerun: bool,
         bench_s: &mut f64,
     ) -> Result<Measurement, TrialFailure> {
         let fl = self.study.spec.foreign_load.clone();
         let mut m = self.measure(workload, fraction, abort, seed_offset).await?;
         *bench_s += m.duration_s;
-        for k in 0..fl.reruns {
+        let reruns = if rerun { fl.reruns } else { 0 };
+        for k in 0..=reruns {
             if !m.disturbed(fl.max_cores) {
                 break;
             }
@@ -813,16 +834,35 @@ impl<E: Evaluator> Runner<E> {
                 .eval
                 .settle(fl.max_cores, Duration::from_secs_f64(fl.settle_s))
                 .await;
-            self.say(&format!(
-                "other processes kept {first:.2} cores busy during that run (limit {:.2}); {}running it again",
-                fl.max_cores,
-                match now {
-                    Some(f) if f > fl.max_cores => format!("still {f:.2} after {:.0} s, ", fl.settle_s),
-                    _ => String::new(),
+            let still = match now {
+                Some(f) if f > fl.max_cores => {
+                    format!("still {f:.2} after {:.0} s; ", fl.settle_s)
                 }
+                _ => String::new(),
+            };
+            if k == reruns {
+                self.say(&format!(
+                    "other processes kept {first:.2} cores busy during that run (limit {:.2}); {still}{}",
+                    fl.max_cores,
+                    if rerun {
+                        "it counts as disturbed"
+                    } else {
+                        "the gate sets this round aside"
+                    }
+                ));
+                break;
+            }
+            self.say(&format!(
+                "other processes kept {first:.2} cores busy during that run (limit {:.2}); {still}running it again",
+                fl.max_cores
             ));
             let mut again = self
-                .measure(workload, fraction, abort, seed_offset + 10 + u64::from(k))
+                .measure(
+                    workload,
+                    fraction,
+                    abort,
+                    seed_offset.wrapping_mul(100) + 10 + u64::from(k),
+                )
                 .await?;
             *bench_s += again.duration_s;
             again.replaces = Some(format!(
@@ -848,7 +888,7 @@ impl<E: Evaluator> Runner<E> {
         let min_s = self.study.spec.constraints.min_success_rate;
         let limits = self.study.limits.clone();
         let m = self
-            .quiet_measure(0, fraction, true, 0, &mut t.bench_s)
+            .quiet_measure(0, fraction, true, 0, true, &mut t.bench_s)
             .await?;
         let Some(why) = m.violation(min_s, &limits) else {
             return Ok(m);
@@ -862,11 +902,15 @@ impl<E: Evaluator> Runner<E> {
         );
         self.say(&msg);
         let mut again = self
-            .quiet_measure(0, fraction, true, 1, &mut t.bench_s)
+            .quiet_measure(0, fraction, true, 1, true, &mut t.bench_s)
             .await?;
-        again.replaces = Some(format!(
+        let note = format!(
             "a first run missed the constraints narrowly ({why}); this second run replaces it"
-        ));
+        );
+        again.replaces = Some(match again.replaces.take() {
+            Some(earlier) => format!("{note}; {earlier}"),
+            None => note,
+        });
         Ok(again)
     }
 
@@ -1089,7 +1133,7 @@ impl<E: Evaluator> Runner<E> {
                     // To the end, never stopped early: the rounds are pooled.
                     t.bench_s = 0.0;
                     let m = self
-                        .quiet_measure(workload, 1.0, false, 0, &mut t.bench_s)
+                        .quiet_measure(workload, 1.0, false, 0, false, &mut t.bench_s)
                         .await?;
                     t.early_stop = m.violation(min_s, &limits);
                     t.screen_objective = m.objective(metric);
@@ -1378,6 +1422,7 @@ impl<E: Evaluator> Runner<E> {
             checks: d.checks,
             baseline_infeasible: d.baseline_infeasible,
             rounds,
+            set_aside: d.set_aside,
             search_trials: search_all.len() as u32,
             screened_only: search_all
                 .iter()
