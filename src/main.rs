@@ -8,6 +8,14 @@ use servetune::bench::args::BenchArgs;
 use servetune::mock::MockConfig;
 use servetune::setup::{self, LlamaPaths};
 
+/// `eprintln!` that ignores a stderr nobody reads any more (`eprintln!` panics there).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 #[derive(Parser)]
 #[command(
     name = "servetune",
@@ -246,7 +254,7 @@ fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
             if let Some(v) = engine_version {
                 let (gated, dropped) = s.for_version(&v);
                 if !dropped.is_empty() {
-                    eprintln!(
+                    say!(
                         "warning: {engine} {v} lacks these flags, left out: {}",
                         dropped.join(", ")
                     );
@@ -266,6 +274,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Its fallback for a failed write is `eprintln!`, which panics on a closed stderr (a
+        // pipe whose reader is gone): a log line must never abort a study with an engine up.
+        .log_internal_errors(false)
         .init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -274,7 +285,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            say!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -317,7 +328,7 @@ fn main() -> ExitCode {
                 match cli::tune(&study, &state, restart, json).await {
                     Ok(_) => Ok(0),
                     Err(servetune::tune::TuneError::Interrupted) => {
-                        eprintln!("{}", servetune::tune::TuneError::Interrupted);
+                        say!("{}", servetune::tune::TuneError::Interrupted);
                         Ok(130)
                     }
                     Err(e) => Err(e.into()),
@@ -380,7 +391,7 @@ fn main() -> ExitCode {
             Command::Daemon { config } => match servetune::daemon::run(&config).await {
                 Ok(()) => Ok(0),
                 Err(e @ servetune::daemon::DaemonError::Config(_)) => {
-                    eprintln!("error: {e}");
+                    say!("error: {e}");
                     // EX_USAGE: systemd does not restart on it (RestartPreventExitStatus).
                     Ok(64)
                 }
@@ -452,7 +463,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            say!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -171,6 +171,36 @@ async fn every_shipped_engine_launches_serves_and_leaves_nothing() {
     }
 }
 
+/// A running engine whose handle is dropped without `stop` (a panic unwinding through a
+/// study, as a log line written to a closed stderr once caused): its group is killed and its
+/// record removed, so nothing is left and the next start sees no leaked engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_dropped_without_stop_is_torn_down_and_forgotten() {
+    let s = quick(space("llamacpp"));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let l = launcher(Some(store.clone()), mock("llamacpp", &[]));
+    let e = l
+        .start(&s, &s.defaults(), "m", &dir.path().join("t0"))
+        .await
+        .unwrap();
+    let pgid = e.ready.process.pgid();
+    let tag = e.tag.clone();
+    assert!(group_alive(pgid));
+    assert_eq!(store.engines().unwrap().len(), 1);
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _held = e;
+        panic!("a study panics while the engine runs");
+    }));
+    assert!(unwound.is_err());
+    assert!(!group_alive(pgid), "the engine's group survived the drop");
+    assert!(groups_with_tag(&tag).is_empty());
+    assert!(
+        store.engines().unwrap().is_empty(),
+        "the engine's record survived the drop"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_failures_carry_the_engines_own_evidence() {
     let vllm = quick(space("vllm"));

@@ -254,7 +254,8 @@ impl EngineProcess {
         self.shutdown(grace)
     }
 
-    fn shutdown(&mut self, grace: Duration) -> Result<(), ProcessError> {
+    /// `terminate` for a process that stays owned (a second call is a no-op).
+    pub fn shutdown(&mut self, grace: Duration) -> Result<(), ProcessError> {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };

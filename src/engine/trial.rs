@@ -77,6 +77,21 @@ pub struct TrialEngine {
     pub log: PathBuf,
     baseline: Vec<(u32, u64)>,
     launcher: Launcher,
+    /// Cleared once `stop` has torn the engine down and forgotten its record.
+    armed: bool,
+}
+
+/// A `TrialEngine` dropped without `stop` (a panic unwinding through the study, a future that
+/// held it dropped) still tears its group down and removes its record: the process's own drop
+/// would kill the group but leave the record, and the next start would report it as leaked.
+impl Drop for TrialEngine {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = self.launcher.forget(&self.tag) {
+                tracing::error!("engine {} dropped without a stop: {e}", self.tag);
+            }
+        }
+    }
 }
 
 /// An engine being started and not yet handed over as a `TrialEngine`: dropped armed (the
@@ -200,6 +215,7 @@ impl Launcher {
                 log,
                 baseline,
                 launcher: self.clone(),
+                armed: true,
             }),
             Err(e) => {
                 // The ladder tore the engine down; make sure, then forget it.
@@ -235,25 +251,21 @@ impl TrialEngine {
 
     /// SIGTERM, grace, SIGKILL; then no process of the group (or carrying the tag) may be
     /// left, and the GPU memory must return to where it was before the launch.
-    pub fn stop(self) -> Result<(), TrialError> {
-        let TrialEngine {
-            ready,
-            tag,
-            baseline,
-            launcher,
-            ..
-        } = self;
-        ready
+    pub fn stop(mut self) -> Result<(), TrialError> {
+        self.ready
             .process
-            .terminate(Duration::from_secs(15))
+            .shutdown(Duration::from_secs(15))
             .map_err(|e| TrialError::Teardown {
-                tag: tag.clone(),
+                tag: self.tag.clone(),
                 why: e.to_string(),
             })?;
-        launcher.forget(&tag)?;
-        launcher
-            .telemetry
-            .wait_released(&baseline, 512 << 20, launcher.release_timeout)?;
+        self.launcher.forget(&self.tag)?;
+        self.armed = false;
+        self.launcher.telemetry.wait_released(
+            &self.baseline,
+            512 << 20,
+            self.launcher.release_timeout,
+        )?;
         Ok(())
     }
 }

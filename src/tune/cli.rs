@@ -45,7 +45,7 @@ pub async fn tune(
     if restart {
         let n = discard(&store, study.id())?;
         if n > 0 {
-            eprintln!("discarded {n} trials of study {:?}", study.id());
+            say(&format!("discarded {n} trials of study {:?}", study.id()));
         }
     }
     let telemetry = Telemetry::detect();
