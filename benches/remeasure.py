@@ -154,8 +154,16 @@ def main():
                   flush=True)
     d = [x["total_token_throughput"] for x in runs["defaults"]]
     c = [x["total_token_throughput"] for x in runs["candidate"]]
-    diff, lo, hi = welch(c, d)
     md = statistics.mean(d)
+    if min(len(d), len(c)) < 2:
+        # One round (a probe): a point estimate, no spread and no interval.
+        change = 100 * (statistics.mean(c) - md) / md
+        print(f"\nchange: {change:+.1f}% (one round: no interval)")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"runs": runs, "change_pct": change, "ci_pct": None}, f, indent=1)
+        return 0
+    diff, lo, hi = welch(c, d)
     print()
     print("| arm | runs | total tok/s mean | sd |")
     print("|---|---|---|---|")

@@ -230,6 +230,17 @@ async fn a_cpu_hog_during_the_defaults_run_does_not_make_a_loss_the_verdict() {
     );
     assert_eq!(o.recommended, None, "{}", o.verdict);
     assert!(o.verdict.starts_with("keep the defaults"), "{}", o.verdict);
+    // The report's conclusion table is about the leader, and does not call it recommended
+    // (it said "recommended #0" for a kept-defaults study on the real engine).
+    let leader = o
+        .leader
+        .expect("a candidate was re-measured against the defaults");
+    let md = servetune::report::render(&store, "hog", "md", None).unwrap();
+    assert!(
+        md.contains(&format!("| candidate #{leader} (not recommended) |")),
+        "{md}"
+    );
+    assert!(!md.contains("| recommended #"), "{md}");
 }
 
 #[tokio::test]

@@ -65,6 +65,9 @@ pub struct ReportData {
     pub workloads: Vec<(String, Vec<String>)>,
     pub baseline_trial: Option<u32>,
     pub recommended_trial: Option<u32>,
+    /// The candidate the conclusion rows are about: the recommended one, or the one that came
+    /// closest when the defaults are kept.
+    pub leader_trial: Option<u32>,
     pub recommended_command: Option<String>,
     pub baseline_command: Option<String>,
     pub rows: Vec<Row>,
@@ -162,6 +165,7 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
         .map(|o| o.baseline_trial)
         .or(search.first().map(|t| t.seq));
     let recommended_trial = outcome.as_ref().and_then(|o| o.recommended);
+    let leader_trial = outcome.as_ref().and_then(|o| o.recommended.or(o.leader));
     let cmd_of = |seq: Option<u32>| {
         seq.and_then(|s| trials.iter().find(|t| t.seq == s))
             .and_then(|t| t.command.clone())
@@ -300,6 +304,7 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
         workloads,
         baseline_trial,
         recommended_trial,
+        leader_trial,
         recommended_command: outcome
             .as_ref()
             .and_then(|o| o.recommended_command.clone())
@@ -541,11 +546,16 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         }
     }
     if !d.rows.is_empty() {
+        // The rows describe the leader; it is "recommended" only when the gate recommended it.
+        let column = match (d.recommended_trial, d.leader_trial) {
+            (Some(r), _) => format!("recommended #{r}"),
+            (None, Some(l)) => format!("candidate #{l} (not recommended)"),
+            (None, None) => "candidate".into(),
+        };
         let _ = writeln!(
             o,
-            "| workload | metric | baseline #{} (mean ± 95% CI) | recommended #{} | change [95% CI] |",
+            "| workload | metric | baseline #{} (mean ± 95% CI) | {column} | change [95% CI] |",
             d.baseline_trial.unwrap_or(0),
-            d.recommended_trial.unwrap_or(0)
         );
         let _ = writeln!(o, "|---|---|---|---|---|");
         for r in &d.rows {
