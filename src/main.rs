@@ -351,7 +351,7 @@ fn main() -> ExitCode {
                 state,
             } => {
                 use servetune::tune::cli;
-                let store = cli::open_store(&cli::state_dir(state))?;
+                let store = cli::open_store_for_reading(&cli::state_dir(state))?;
                 let text = servetune::report::render(&store, &study, &format, output.as_deref())?;
                 if output.is_some() {
                     eprint!("{text}");

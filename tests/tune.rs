@@ -446,6 +446,71 @@ fn servetune_tune_runs_a_study_against_the_mock_engine() {
     assert_no_engine_with("mock-8b-mock-e2e");
 }
 
+/// While a foreground `tune` holds the store, `trials`, `report` and `best` in another process
+/// read the records it mirrors (sled admits one process: they used to fail with "cannot open
+/// the store"); they see the trials finished so far, and never write.
+#[test]
+fn a_running_study_can_be_read_from_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let study = mock_study(dir.path(), "mock-live", 40);
+    let state = dir.path().join("state");
+    let mut child = tune_cmd(&study, &state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let state_s = state.to_str().unwrap().to_owned();
+    let read = |args: &[&str]| {
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend(["--state", state_s.as_str()]);
+        Command::new(BIN).args(&a).output().unwrap()
+    };
+    // Wait until two search trials have finished, read while the study goes on.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let ts = loop {
+        let out = read(&["trials", "mock-live", "--json"]);
+        if out.status.success() {
+            let ts: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+            if ts.iter().filter(|t| t["status"] == "ok").count() >= 2 {
+                break ts;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no view of the running study: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the study must still be running (budget 40) for this test to mean anything"
+    );
+    assert_eq!(ts[0]["seq"], 0);
+    assert!(ts[0]["command"].as_str().unwrap().contains("mock-engine"));
+    let report = read(&["report", "mock-live"]);
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let md = String::from_utf8_lossy(&report.stdout);
+    assert!(md.contains("The study has not finished"), "{md}");
+    assert!(read(&["best", "--json"]).status.success());
+    // The study itself was not disturbed: it stops cleanly on SIGTERM, and its own store
+    // (opened once it is gone) has what the readers saw.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}");
+    let ok = finished(&state, "mock-live")
+        .iter()
+        .filter(|t| t.status == TrialStatus::Ok)
+        .count();
+    assert!(ok >= 2, "{ok} finished trials in the store");
+    assert_no_engine_with("mock-8b-mock-live");
+}
+
 /// Whether trial `seq`'s engine has started (its log exists and says so).
 fn trial_started(state: &Path, study: &str, seq: u32) -> bool {
     let log = state

@@ -5,6 +5,13 @@
 //! Trees: `meta` (schema version), `engines` (every engine servetune has started and not yet
 //! seen gone: its tag, argv, log and process group, written *before* the engine is spawned so
 //! that a restart can find and kill an engine left behind).
+//!
+//! sled admits one process. So that a person can look at a study while a foreground `tune` or
+//! the daemon holds the store, the writer mirrors every record as a file
+//! (`<dir>/mirror/<tree>/<hex key>.json`, written to a temporary name and renamed, so a reader
+//! never sees half a record; rewritten whole at open). [`Store::open_for_reading`] opens the
+//! store itself when it is free, and otherwise loads the mirror into a temporary, read-only
+//! copy: never a second writer.
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +34,14 @@ pub enum StoreError {
     Schema { path: String, found: u32 },
     #[error("store: {0}")]
     Db(#[from] sled::Error),
+    #[error("no store at {path}: nothing has run with this state directory (pass --state)")]
+    Missing { path: String },
+    #[error("the store at {path} is held by another servetune and has no readable mirror ({why}); stop that process or wait for it to finish")]
+    Held { path: String, why: String },
+    #[error(
+        "the store at {path} is held by another servetune; this is a read-only view of its mirror"
+    )]
+    ReadOnly { path: String },
     #[error("store: record {key:?} in {tree} is not valid: {source}")]
     Decode {
         tree: String,
@@ -54,19 +69,71 @@ pub struct EngineRecord {
 pub struct Store {
     db: sled::Db,
     path: PathBuf,
+    /// Where the writer mirrors its records; `None` in a read-only view of that mirror.
+    mirror: Option<PathBuf>,
+}
+
+/// A file name for a key: its bytes in hex (keys may hold `/` or `:`).
+fn key_file(key: &[u8]) -> String {
+    let mut name: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    name.push_str(".json");
+    name
+}
+
+fn key_of_file(name: &str) -> Option<Vec<u8>> {
+    let hex = name.strip_suffix(".json")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename (readers see the old record
+/// or the new one, never part of one).
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("json.{}-{n}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Whether opening failed because another process holds sled's lock. sled 0.34 reports it as
+/// an `Other` I/O error with this text (config.rs, `try_lock`); the unit test
+/// `a_held_store_is_read_through_its_mirror` fails if a sled upgrade changes it.
+fn is_held(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io)
+        if io.kind() == std::io::ErrorKind::WouldBlock
+            || io.to_string().starts_with("could not acquire lock"))
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`.
+    /// Opens (or creates) the store in `dir` to write it. A reader (`open_for_reading`) holds
+    /// the lock for milliseconds, so a held lock is retried for a few seconds first.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        Store::open_with(dir, std::time::Duration::from_secs(5), true)
+    }
+
+    fn open_with(dir: &Path, wait: std::time::Duration, writer: bool) -> Result<Store, StoreError> {
         let path = dir.join("servetune.sled");
-        let db = sled::Config::new()
-            .path(&path)
-            .open()
-            .map_err(|source| StoreError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
+        let deadline = std::time::Instant::now() + wait;
+        let db = loop {
+            match sled::Config::new().path(&path).open() {
+                Ok(db) => break db,
+                Err(e) if is_held(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(source) => {
+                    return Err(StoreError::Open {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                }
+            }
+        };
         let meta = db.open_tree("meta")?;
         match meta.get("schema_version")? {
             Some(v) => {
@@ -86,7 +153,139 @@ impl Store {
                 db.flush()?;
             }
         }
-        Ok(Store { db, path })
+        let store = Store {
+            db,
+            path,
+            mirror: Some(dir.join("mirror")),
+        };
+        if writer {
+            store.mirror_all();
+        }
+        Ok(store)
+    }
+
+    /// Opens the store to read it: the store itself when no other process holds it, else a
+    /// read-only copy of the mirror its holder keeps (writes to it fail with `ReadOnly`).
+    /// A reader never creates a store, and does not wait for a held one.
+    pub fn open_for_reading(dir: &Path) -> Result<Store, StoreError> {
+        let path = dir.join("servetune.sled");
+        if !path.exists() {
+            return Err(StoreError::Missing {
+                path: path.display().to_string(),
+            });
+        }
+        match Store::open_with(dir, std::time::Duration::ZERO, false) {
+            Err(StoreError::Open { path, source }) if is_held(&source) => {
+                Store::from_mirror(dir).map_err(|why| StoreError::Held { path, why })
+            }
+            other => other,
+        }
+    }
+
+    /// Whether this is a read-only view of another process's mirror.
+    pub fn is_read_only(&self) -> bool {
+        self.mirror.is_none()
+    }
+
+    fn from_mirror(dir: &Path) -> Result<Store, String> {
+        let root = dir.join("mirror");
+        let trees = std::fs::read_dir(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+        let db = sled::Config::new()
+            .temporary(true)
+            .open()
+            .map_err(|e| e.to_string())?;
+        for tree in trees {
+            let tree = tree.map_err(|e| e.to_string())?;
+            let name = tree.file_name().to_string_lossy().into_owned();
+            let t = db.open_tree(&name).map_err(|e| e.to_string())?;
+            for f in std::fs::read_dir(tree.path()).map_err(|e| e.to_string())? {
+                let f = f.map_err(|e| e.to_string())?;
+                let Some(key) = key_of_file(&f.file_name().to_string_lossy()) else {
+                    continue; // a temporary file being written
+                };
+                // A record removed between listing and reading is simply not shown.
+                if let Ok(bytes) = std::fs::read(f.path()) {
+                    t.insert(key, bytes).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        let path = dir.join("servetune.sled");
+        let found = db
+            .open_tree("meta")
+            .and_then(|m| m.get("schema_version"))
+            .map_err(|e| e.to_string())?
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u32>().ok());
+        match found {
+            Some(v) if v <= SCHEMA_VERSION => {}
+            Some(v) => {
+                return Err(format!(
+                    "its schema version is {v}; this servetune reads up to {SCHEMA_VERSION}"
+                ))
+            }
+            None => return Err("it has no schema version yet".into()),
+        }
+        Ok(Store {
+            db,
+            path,
+            mirror: None,
+        })
+    }
+
+    /// Rewrites the whole mirror from the database (at open: it may be missing or stale).
+    /// A mirror that cannot be written costs readers their view, not the writer its data.
+    fn mirror_all(&self) {
+        let Some(root) = &self.mirror else { return };
+        let fresh = root.with_extension("new");
+        let result = (|| -> std::io::Result<()> {
+            let _ = std::fs::remove_dir_all(&fresh);
+            for name in self.db.tree_names() {
+                let name = String::from_utf8_lossy(&name).into_owned();
+                if name.starts_with("__sled") {
+                    continue;
+                }
+                let dir = fresh.join(&name);
+                std::fs::create_dir_all(&dir)?;
+                let tree = self.db.open_tree(&name).map_err(std::io::Error::other)?;
+                for kv in tree.iter() {
+                    let (k, v) = kv.map_err(std::io::Error::other)?;
+                    std::fs::write(dir.join(key_file(&k)), &v)?;
+                }
+            }
+            let _ = std::fs::remove_dir_all(root);
+            std::fs::rename(&fresh, root)
+        })();
+        if let Err(e) = result {
+            tracing::warn!("cannot mirror the store to {}: {e}", root.display());
+        }
+    }
+
+    fn mirror_put(&self, tree: &str, key: &str, bytes: &[u8]) {
+        let Some(root) = &self.mirror else { return };
+        let dir = root.join(tree);
+        let r = std::fs::create_dir_all(&dir)
+            .and_then(|_| write_atomic(&dir.join(key_file(key.as_bytes())), bytes));
+        if let Err(e) = r {
+            tracing::warn!("cannot mirror {tree}/{key} to {}: {e}", root.display());
+        }
+    }
+
+    fn mirror_remove(&self, tree: &str, key: &str) {
+        let Some(root) = &self.mirror else { return };
+        let path = root.join(tree).join(key_file(key.as_bytes()));
+        if let Err(e) = std::fs::remove_file(&path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("cannot remove the mirror of {tree}/{key}: {e}");
+            }
+        }
+    }
+
+    fn writable(&self) -> Result<(), StoreError> {
+        match self.mirror {
+            Some(_) => Ok(()),
+            None => Err(StoreError::ReadOnly {
+                path: self.path.display().to_string(),
+            }),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -101,9 +300,11 @@ impl Store {
 
     /// Writes a JSON value and flushes it to disk.
     pub fn put<T: Serialize>(&self, tree: &str, key: &str, value: &T) -> Result<(), StoreError> {
+        self.writable()?;
         let bytes = serde_json::to_vec(value).expect("store records serialise");
-        self.db.open_tree(tree)?.insert(key, bytes)?;
+        self.db.open_tree(tree)?.insert(key, bytes.as_slice())?;
         self.db.flush()?;
+        self.mirror_put(tree, key, &bytes);
         Ok(())
     }
 
@@ -121,8 +322,10 @@ impl Store {
     }
 
     pub fn remove(&self, tree: &str, key: &str) -> Result<(), StoreError> {
+        self.writable()?;
         self.db.open_tree(tree)?.remove(key)?;
         self.db.flush()?;
+        self.mirror_remove(tree, key);
         Ok(())
     }
 
@@ -208,5 +411,47 @@ mod tests {
         drop(s);
         let e = Store::open(dir.path()).err().unwrap().to_string();
         assert!(e.contains("schema version 99"), "{e}");
+    }
+
+    #[test]
+    fn a_held_store_is_read_through_its_mirror() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Store::open_for_reading(dir.path()),
+            Err(StoreError::Missing { .. })
+        ));
+        assert!(
+            !dir.path().join("servetune.sled").exists(),
+            "a reader created a store"
+        );
+        let writer = Store::open(dir.path()).unwrap();
+        writer.put("studies", "a/b:1", &"first").unwrap();
+        writer.put("studies", "gone", &"x").unwrap();
+        writer.remove("studies", "gone").unwrap();
+        // sled admits one open database: a second open of the held store fails with the lock
+        // error `is_held` recognises (flock conflicts between two opens in one process too).
+        let held = sled::Config::new()
+            .path(dir.path().join("servetune.sled"))
+            .open()
+            .expect_err("a second open of a held store fails");
+        assert!(is_held(&held), "{held}");
+        let reader = Store::open_for_reading(dir.path()).unwrap();
+        assert!(reader.is_read_only());
+        let got: Vec<(String, String)> = reader.scan("studies", "").unwrap();
+        assert_eq!(got, vec![("a/b:1".to_string(), "first".to_string())]);
+        let e = reader.put("studies", "c", &"no").unwrap_err();
+        assert!(matches!(e, StoreError::ReadOnly { .. }), "{e}");
+        // The writer's later records reach a later reader.
+        writer.put("studies", "a/b:1", &"second").unwrap();
+        let again = Store::open_for_reading(dir.path()).unwrap();
+        assert_eq!(
+            again.get::<String>("studies", "a/b:1").unwrap().as_deref(),
+            Some("second")
+        );
+        // Once the writer is gone, a reader opens the store itself.
+        drop((writer, reader, again));
+        let free = Store::open_for_reading(dir.path()).unwrap();
+        assert!(!free.is_read_only());
+        assert_eq!(free.scan::<String>("studies", "").unwrap().len(), 1);
     }
 }

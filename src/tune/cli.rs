@@ -23,6 +23,12 @@ pub fn open_store(state: &Path) -> Result<Store, TuneError> {
     Ok(Store::open(&state.join("db"))?)
 }
 
+/// The store to read (`trials`, `best`, `report`): a read-only view of its mirror while a
+/// running `tune` or the daemon holds it.
+pub fn open_store_for_reading(state: &Path) -> Result<Store, TuneError> {
+    Ok(Store::open_for_reading(&state.join("db"))?)
+}
+
 /// Removes a study and its trials (for `--restart`).
 pub fn discard(store: &Store, id: &str) -> Result<usize, TuneError> {
     let ts = study::trials(store, id)?;
@@ -175,7 +181,7 @@ pub fn trials_table(ts: &[TrialRecord]) -> String {
 }
 
 pub fn trials_cmd(state: &Path, study: Option<&str>, json: bool) -> Result<String, TuneError> {
-    let store = open_store(state)?;
+    let store = open_store_for_reading(state)?;
     let ids: Vec<String> = match study {
         Some(id) => {
             if store.get::<StudyRecord>(STUDIES, id)?.is_none() {
@@ -206,7 +212,7 @@ pub fn trials_cmd(state: &Path, study: Option<&str>, json: bool) -> Result<Strin
 }
 
 pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String, TuneError> {
-    let store = open_store(state)?;
+    let store = open_store_for_reading(state)?;
     let best: Vec<BestRecord> = store
         .scan::<BestRecord>(BEST, "")?
         .into_iter()
