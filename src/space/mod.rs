@@ -298,29 +298,56 @@ const PARAM_KEYS: &[&str] = &[
     "until",
 ];
 
-/// Compares dotted versions numerically (`0.10.2` > `0.9.12`); a non-numeric suffix of a part
-/// (`1.2.0rc1`, `0.5.5.post1`) is ignored, so pre-releases count as their release.
+/// Compares engine versions in PEP 440 order (vLLM, SGLang and TensorRT-LLM are Python
+/// packages): the release numbers numerically (`0.10.2` > `0.9.12`), then a development
+/// release before a pre-release before the release before a post-release
+/// (`1.2.0.dev1` < `1.2.0a1` < `1.2.0b1` < `1.2.0rc1` < `1.2.0` < `1.2.0.post1`). So a flag
+/// gated `since = "0.10.0"` is absent from `0.10.0rc1`, which came before it. A local part
+/// (`+cu121`) is ignored; llama.cpp's `0.6.0-dev` counts as a development release of 0.6.0.
+/// Hand-written (30 lines) rather than a PEP 440 crate: only the ordering is needed, and the
+/// crates that implement all of PEP 440 bring parsers for specifiers this never reads.
 pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
-    let parts = |v: &str| -> Vec<u64> {
-        v.trim_start_matches('v')
-            .split('.')
-            .map(|p| {
-                let digits: String = p.chars().take_while(|c| c.is_ascii_digit()).collect();
-                digits.parse().unwrap_or(0)
-            })
-            .collect()
-    };
-    let (pa, pb) = (parts(a), parts(b));
-    for i in 0..pa.len().max(pb.len()) {
-        let (x, y) = (
-            pa.get(i).copied().unwrap_or(0),
-            pb.get(i).copied().unwrap_or(0),
-        );
-        if x != y {
-            return x.cmp(&y);
+    fn key(v: &str) -> (Vec<u64>, u8, u64) {
+        let v = v.trim_start_matches('v');
+        let v = v.split('+').next().unwrap_or(v).to_ascii_lowercase();
+        let mut release = Vec::new();
+        let mut rest = v.as_str();
+        loop {
+            let digits: &str = &rest[..rest.chars().take_while(char::is_ascii_digit).count()];
+            if digits.is_empty() {
+                break;
+            }
+            release.push(digits.parse().unwrap_or(u64::MAX));
+            rest = &rest[digits.len()..];
+            match rest.strip_prefix('.') {
+                Some(r) if r.starts_with(|c: char| c.is_ascii_digit()) => rest = r,
+                _ => break,
+            }
         }
+        while release.last() == Some(&0) {
+            release.pop(); // 1.2 == 1.2.0
+        }
+        let tag = rest.trim_start_matches(['.', '-', '_']);
+        let letters: String = tag.chars().take_while(char::is_ascii_alphabetic).collect();
+        let n: u64 = tag[letters.len()..]
+            .trim_start_matches(['.', '-', '_'])
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .unwrap_or(0);
+        let rank = match letters.as_str() {
+            "" => 4,
+            "dev" => 0,
+            "a" | "alpha" => 1,
+            "b" | "beta" => 2,
+            "rc" | "c" | "pre" | "preview" => 3,
+            "post" | "rev" | "r" => 5,
+            _ => 4, // an unknown suffix: as the release
+        };
+        (release, rank, n)
     }
-    std::cmp::Ordering::Equal
+    key(a).cmp(&key(b))
 }
 
 /// The version in an engine's `--version` output: the first token that starts with a digit

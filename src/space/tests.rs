@@ -91,14 +91,43 @@ fn version_gates_drop_flags_outside_their_versions() {
         compare_versions("0.10.2", "0.9.12"),
         std::cmp::Ordering::Greater
     );
+    // PEP 440 order: dev < a < b < rc < release < post; trailing zeros and a local part
+    // do not count.
+    let ordered = [
+        "0.9.12",
+        "1.2.0-dev",
+        "1.2.0.dev1",
+        "1.2.0a1",
+        "1.2.0b2",
+        "v1.2.0rc1",
+        "1.2.0rc2",
+        "1.2",
+        "1.2.0.post1",
+        "1.2.1",
+        "1.10.0",
+    ];
+    for w in ordered.windows(2) {
+        assert_ne!(
+            compare_versions(w[0], w[1]),
+            std::cmp::Ordering::Greater,
+            "{} vs {}",
+            w[0],
+            w[1]
+        );
+    }
     assert_eq!(
         compare_versions("v1.2.0rc1", "1.2.0"),
-        std::cmp::Ordering::Equal
+        std::cmp::Ordering::Less
     );
     assert_eq!(
-        compare_versions("0.5.5.post1", "0.5.5"),
+        compare_versions("1.2.0.post1", "1.2.0"),
+        std::cmp::Ordering::Greater
+    );
+    assert_eq!(
+        compare_versions("1.2.0+cu121", "1.2"),
         std::cmp::Ordering::Equal
     );
+    // A since gate does not pass on a release candidate of its version.
     let gated = MINI.replace(
         "render = \"equals\"",
         "render = \"equals\"\nsince = \"2.0\"",
@@ -107,6 +136,8 @@ fn version_gates_drop_flags_outside_their_versions() {
     let (old, dropped) = s.for_version("1.9.9");
     assert_eq!(dropped, vec!["mode".to_string()]);
     assert!(old.params.iter().all(|p| p.name != "mode"));
+    let (_, dropped) = s.for_version("2.0.0rc1");
+    assert_eq!(dropped, vec!["mode".to_string()]);
     let (new, dropped) = s.for_version("2.0.0");
     assert!(dropped.is_empty());
     assert!(new.params.iter().any(|p| p.name == "mode"));
