@@ -738,8 +738,14 @@ async fn the_report_of_a_study_matches_its_snapshot() {
         "",
         "tpot:mean:30",
         "\"max_num_seqs\", \"max_num_batched_tokens\", \"gpu_memory_utilization\", \"quantization\"",
-    ) + "\n[[workload]]\nname = \"second\"\nargs = [\"--dataset-name\", \"random\", \"--num-prompts\", \"10\", \"--tokenizer\", \"words\"]\n";
+    ) + "\n[[workload]]\nname = \"second\"\nargs = [\"--dataset-name\", \"random\", \"--random-input-len\", \"256\", \"--random-output-len\", \"128\", \"--num-prompts\", \"100\", \"--max-concurrency\", \"32\", \"--tokenizer\", \"words\"]\n";
+    // The file's "second" describes what the virtual-time evaluator runs for it (below): the
+    // report prints these flags as the workload's.
     let mut r = sim_runner_with(&store, text, "a100", "32b");
+    // The primary as the file's flags describe it (`--dataset-name random` defaults to 1024
+    // input and 128 output tokens; `--max-concurrency 32`).
+    r.eval.workloads[0].output_len = 128;
+    r.eval.workloads[0].max_concurrency = Some(32);
     r.eval.workloads.push(SimWorkload {
         name: "second".into(),
         num_prompts: 100,
