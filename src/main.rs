@@ -353,8 +353,11 @@ fn main() -> ExitCode {
                 use servetune::tune::cli;
                 let store = cli::open_store_for_reading(&cli::state_dir(state))?;
                 let text = servetune::report::render(&store, &study, &format, output.as_deref())?;
+                // Released before printing: a pager must not hold the store from a study.
+                drop(store);
                 if output.is_some() {
-                    eprint!("{text}");
+                    use std::io::Write as _;
+                    let _ = write!(std::io::stderr().lock(), "{text}");
                 } else {
                     print_out(&text)?;
                 }

@@ -400,6 +400,22 @@ fn sigterm_during_start_up_or_benchmark_leaves_no_engine() {
                 .spawn()
                 .unwrap(),
         );
+        // Until the moment comes, the piped stderr is drained (debug logging fills a pipe's
+        // 64 KiB quickly, and a full pipe would stall the study); then our end is closed.
+        let closing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let drain = child.0.stderr.take().map(|mut err| {
+            let closing = closing.clone();
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                while !closing.load(std::sync::atomic::Ordering::Relaxed) {
+                    if matches!(err.read(&mut buf), Ok(0) | Err(_)) {
+                        break;
+                    }
+                }
+                // `err` dropped here: the child's next write to stderr fails (EPIPE).
+            })
+        });
         let log = state
             .join("trials")
             .join("llamacpp-smollm2-sharegpt")
@@ -419,8 +435,12 @@ fn sigterm_during_start_up_or_benchmark_leaves_no_engine() {
             assert!(std::time::Instant::now() < deadline, "{when} never reached");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        // Closing our end of the pipe: the child's next write to stderr fails (EPIPE).
-        drop(child.0.stderr.take());
+        // Closing our end of the pipe: the drain stops at its next read (debug lines keep
+        // coming), and the child's next write to stderr fails (EPIPE).
+        closing.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(d) = drain {
+            d.join().unwrap();
+        }
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
         // Wait at most 60 s (teardown takes seconds); a study that ignored the signal is killed

@@ -86,10 +86,19 @@ pub struct TrialEngine {
 /// would kill the group but leave the record, and the next start would report it as leaked.
 impl Drop for TrialEngine {
     fn drop(&mut self) {
-        if self.armed {
-            if let Err(e) = self.launcher.forget(&self.tag) {
-                tracing::error!("engine {} dropped without a stop: {e}", self.tag);
-            }
+        if !self.armed {
+            return;
+        }
+        // As `stop`: the known group first, then whatever else carries the tag and the record.
+        // A group that would not die keeps its record, so the reaper can find it later.
+        let r = self
+            .ready
+            .process
+            .shutdown(Duration::from_secs(10))
+            .map_err(|e| e.to_string())
+            .and_then(|_| self.launcher.forget(&self.tag).map_err(|e| e.to_string()));
+        if let Err(e) = r {
+            tracing::error!("engine {} dropped without a stop: {e}", self.tag);
         }
     }
 }

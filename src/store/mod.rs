@@ -73,22 +73,36 @@ pub struct Store {
     mirror: Option<PathBuf>,
 }
 
-/// A file name for a key: its bytes in hex (keys may hold `/` or `:`).
+/// A file name for a key: its bytes in hex when that is short, else a hash of them (a `best`
+/// key holds a model path and the hardware: hex of it can pass the 255-byte name limit). The
+/// key itself is inside the file, so the name only has to be unique.
 fn key_file(key: &[u8]) -> String {
-    let mut name: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    name.push_str(".json");
-    name
+    if key.len() <= 100 {
+        let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{hex}.json")
+    } else {
+        // FNV-1a, 64 bits: stable across builds (std's hasher is not promised to be).
+        let h = key.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("h{h:016x}-{}.json", key.len())
+    }
 }
 
-fn key_of_file(name: &str) -> Option<Vec<u8>> {
-    let hex = name.strip_suffix(".json")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
+/// A mirrored record: the key and its JSON value.
+#[derive(Serialize, Deserialize)]
+struct MirrorRecord {
+    key: String,
+    value: serde_json::Value,
+}
+
+fn mirror_bytes(key: &[u8], value: &[u8]) -> std::io::Result<Vec<u8>> {
+    let value: serde_json::Value = serde_json::from_slice(value).map_err(std::io::Error::other)?;
+    serde_json::to_vec(&MirrorRecord {
+        key: String::from_utf8_lossy(key).into_owned(),
+        value,
+    })
+    .map_err(std::io::Error::other)
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename (readers see the old record
@@ -187,7 +201,16 @@ impl Store {
         self.mirror.is_none()
     }
 
+    /// The mirror as a read-only store; read again once if it changed under the reader (the
+    /// writer swaps in a rebuilt mirror at open).
     fn from_mirror(dir: &Path) -> Result<Store, String> {
+        Store::load_mirror(dir).or_else(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Store::load_mirror(dir)
+        })
+    }
+
+    fn load_mirror(dir: &Path) -> Result<Store, String> {
         let root = dir.join("mirror");
         let trees = std::fs::read_dir(&root).map_err(|e| format!("{}: {e}", root.display()))?;
         let db = sled::Config::new()
@@ -200,13 +223,18 @@ impl Store {
             let t = db.open_tree(&name).map_err(|e| e.to_string())?;
             for f in std::fs::read_dir(tree.path()).map_err(|e| e.to_string())? {
                 let f = f.map_err(|e| e.to_string())?;
-                let Some(key) = key_of_file(&f.file_name().to_string_lossy()) else {
+                if !f.file_name().to_string_lossy().ends_with(".json") {
                     continue; // a temporary file being written
-                };
-                // A record removed between listing and reading is simply not shown.
-                if let Ok(bytes) = std::fs::read(f.path()) {
-                    t.insert(key, bytes).map_err(|e| e.to_string())?;
                 }
+                // A record removed between listing and reading is simply not shown.
+                let Ok(bytes) = std::fs::read(f.path()) else {
+                    continue;
+                };
+                let rec: MirrorRecord = serde_json::from_slice(&bytes)
+                    .map_err(|e| format!("{}: {e}", f.path().display()))?;
+                let value = serde_json::to_vec(&rec.value).map_err(|e| e.to_string())?;
+                t.insert(rec.key.as_bytes(), value)
+                    .map_err(|e| e.to_string())?;
             }
         }
         let path = dir.join("servetune.sled");
@@ -236,8 +264,11 @@ impl Store {
     fn mirror_all(&self) {
         let Some(root) = &self.mirror else { return };
         let fresh = root.with_extension("new");
+        let old = root.with_extension("old");
+        let mut skipped = 0usize;
         let result = (|| -> std::io::Result<()> {
             let _ = std::fs::remove_dir_all(&fresh);
+            let _ = std::fs::remove_dir_all(&old);
             for name in self.db.tree_names() {
                 let name = String::from_utf8_lossy(&name).into_owned();
                 if name.starts_with("__sled") {
@@ -248,14 +279,28 @@ impl Store {
                 let tree = self.db.open_tree(&name).map_err(std::io::Error::other)?;
                 for kv in tree.iter() {
                     let (k, v) = kv.map_err(std::io::Error::other)?;
-                    std::fs::write(dir.join(key_file(&k)), &v)?;
+                    // One record that cannot be mirrored costs readers that record only.
+                    let written = mirror_bytes(&k, &v)
+                        .and_then(|b| std::fs::write(dir.join(key_file(&k)), b));
+                    if let Err(e) = written {
+                        skipped += 1;
+                        tracing::warn!("cannot mirror {name}/{}: {e}", String::from_utf8_lossy(&k));
+                    }
                 }
             }
-            let _ = std::fs::remove_dir_all(root);
-            std::fs::rename(&fresh, root)
+            // Swapped by renames: a reader finds a whole mirror, old or new, at every moment but
+            // the one between the two renames, and reads again after it.
+            if root.exists() {
+                std::fs::rename(root, &old)?;
+            }
+            std::fs::rename(&fresh, root)?;
+            let _ = std::fs::remove_dir_all(&old);
+            Ok(())
         })();
         if let Err(e) = result {
             tracing::warn!("cannot mirror the store to {}: {e}", root.display());
+        } else if skipped > 0 {
+            tracing::warn!("{skipped} records of the store are not in its mirror");
         }
     }
 
@@ -263,7 +308,8 @@ impl Store {
         let Some(root) = &self.mirror else { return };
         let dir = root.join(tree);
         let r = std::fs::create_dir_all(&dir)
-            .and_then(|_| write_atomic(&dir.join(key_file(key.as_bytes())), bytes));
+            .and_then(|_| mirror_bytes(key.as_bytes(), bytes))
+            .and_then(|b| write_atomic(&dir.join(key_file(key.as_bytes())), &b));
         if let Err(e) = r {
             tracing::warn!("cannot mirror {tree}/{key} to {}: {e}", root.display());
         }
@@ -448,8 +494,32 @@ mod tests {
             again.get::<String>("studies", "a/b:1").unwrap().as_deref(),
             Some("second")
         );
-        // Once the writer is gone, a reader opens the store itself.
-        drop((writer, reader, again));
+        // A key longer than a file name can hold in hex (a `best` key carries a model path and
+        // the hardware) is mirrored too.
+        let long = format!(
+            "/models/{}|cpu: Intel(R) Xeon(R) (2 cores)|llamacpp@0.6.0|chat",
+            "m".repeat(200)
+        );
+        writer.put("best", &long, &1.5).unwrap();
+        let with_long = Store::open_for_reading(dir.path()).unwrap();
+        assert_eq!(with_long.get::<f64>("best", &long).unwrap(), Some(1.5));
+        // Once the writer is gone, a reader opens the store itself; the next writer rebuilds
+        // the mirror whole (a record the mirror missed or kept is put right).
+        drop((writer, reader, again, with_long));
+        std::fs::write(
+            dir.path()
+                .join("mirror")
+                .join("studies")
+                .join(key_file(b"stale")),
+            br#"{"key":"stale","value":"old"}"#,
+        )
+        .unwrap();
+        let writer = Store::open(dir.path()).unwrap();
+        let sled_held = Store::open_for_reading(dir.path()).unwrap();
+        assert!(sled_held.is_read_only());
+        assert_eq!(sled_held.get::<String>("studies", "stale").unwrap(), None);
+        assert_eq!(sled_held.get::<f64>("best", &long).unwrap(), Some(1.5));
+        drop((writer, sled_held));
         let free = Store::open_for_reading(dir.path()).unwrap();
         assert!(!free.is_read_only());
         assert_eq!(free.scan::<String>("studies", "").unwrap().len(), 1);
