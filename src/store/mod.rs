@@ -71,6 +71,9 @@ pub struct Store {
     path: PathBuf,
     /// Where the writer mirrors its records; `None` in a read-only view of that mirror.
     mirror: Option<PathBuf>,
+    /// Held across a write and its mirror write, so that two threads writing one key (clones of
+    /// one store) leave the mirror with the value sled has.
+    writes: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 /// A file name for a key: its bytes in hex when that is short, else a hash of them (a `best`
@@ -171,6 +174,7 @@ impl Store {
             db,
             path,
             mirror: Some(dir.join("mirror")),
+            writes: Default::default(),
         };
         if writer {
             store.mirror_all();
@@ -256,6 +260,7 @@ impl Store {
             db,
             path,
             mirror: None,
+            writes: Default::default(),
         })
     }
 
@@ -348,6 +353,7 @@ impl Store {
     pub fn put<T: Serialize>(&self, tree: &str, key: &str, value: &T) -> Result<(), StoreError> {
         self.writable()?;
         let bytes = serde_json::to_vec(value).expect("store records serialise");
+        let _one_writer = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         self.db.open_tree(tree)?.insert(key, bytes.as_slice())?;
         self.db.flush()?;
         self.mirror_put(tree, key, &bytes);
@@ -369,6 +375,7 @@ impl Store {
 
     pub fn remove(&self, tree: &str, key: &str) -> Result<(), StoreError> {
         self.writable()?;
+        let _one_writer = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         self.db.open_tree(tree)?.remove(key)?;
         self.db.flush()?;
         self.mirror_remove(tree, key);
