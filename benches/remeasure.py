@@ -157,23 +157,20 @@ def main():
     md = statistics.mean(d)
     if min(len(d), len(c)) < 2:
         # One round (a probe): a point estimate, no spread and no interval.
-        change = 100 * (statistics.mean(c) - md) / md
+        change, ci = 100 * (statistics.mean(c) - md) / md, None
         print(f"\nchange: {change:+.1f}% (one round: no interval)")
-        if a.json:
-            with open(a.json, "w") as f:
-                json.dump({"runs": runs, "change_pct": change, "ci_pct": None}, f, indent=1)
-        return 0
-    diff, lo, hi = welch(c, d)
-    print()
-    print("| arm | runs | total tok/s mean | sd |")
-    print("|---|---|---|---|")
-    print(f"| defaults | {len(d)} | {md:.2f} | {statistics.stdev(d):.2f} |")
-    print(f"| candidate | {len(c)} | {statistics.mean(c):.2f} | {statistics.stdev(c):.2f} |")
-    print(f"\nchange: {100 * diff / md:+.1f}% (95% CI {100 * lo / md:+.1f}% to {100 * hi / md:+.1f}%)")
+    else:
+        diff, lo, hi = welch(c, d)
+        change, ci = 100 * diff / md, [100 * lo / md, 100 * hi / md]
+        print()
+        print("| arm | runs | total tok/s mean | sd |")
+        print("|---|---|---|---|")
+        print(f"| defaults | {len(d)} | {md:.2f} | {statistics.stdev(d):.2f} |")
+        print(f"| candidate | {len(c)} | {statistics.mean(c):.2f} | {statistics.stdev(c):.2f} |")
+        print(f"\nchange: {change:+.1f}% (95% CI {ci[0]:+.1f}% to {ci[1]:+.1f}%)")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"runs": runs, "change_pct": 100 * diff / md,
-                       "ci_pct": [100 * lo / md, 100 * hi / md]}, f, indent=1)
+            json.dump({"runs": runs, "change_pct": change, "ci_pct": ci}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,9 @@ use servetune::setup::{self, LlamaPaths};
 
 /// `eprintln!` that ignores a stderr nobody reads any more (`eprintln!` panics there).
 macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        servetune::util::say(&format!($($arg)*))
+    };
 }
 
 #[derive(Parser)]
@@ -356,8 +355,7 @@ fn main() -> ExitCode {
                 // Released before printing: a pager must not hold the store from a study.
                 drop(store);
                 if output.is_some() {
-                    use std::io::Write as _;
-                    let _ = write!(std::io::stderr().lock(), "{text}");
+                    servetune::util::to_stderr(&text);
                 } else {
                     print_out(&text)?;
                 }

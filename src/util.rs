@@ -69,6 +69,18 @@ pub fn excerpt(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Writes `text` to stderr as it is; a stderr that cannot be written to (a pipe whose reader
+/// is gone) is ignored, where `eprint!` would panic.
+pub fn to_stderr(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// A line on stderr, as [`to_stderr`].
+pub fn say(line: &str) {
+    to_stderr(&format!("{line}\n"));
+}
+
 /// CPU seconds (user + system) this process has used so far.
 pub fn process_cpu_seconds() -> f64 {
     // SAFETY: getrusage only writes into the struct we pass.

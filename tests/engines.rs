@@ -13,7 +13,7 @@ use servetune::engine::inventory;
 use servetune::engine::launch::{launch, Ladder, LaunchError, LaunchSpec, Rung};
 use servetune::engine::process::group_alive;
 use servetune::engine::reap::{groups_with_tag, reap};
-use servetune::engine::trial::{Launcher, TrialError};
+use servetune::engine::trial::{Launcher, TrialEngine, TrialError};
 use servetune::space::{Config, Space, Value};
 use servetune::store::Store;
 use servetune::telemetry::Telemetry;
@@ -64,6 +64,16 @@ fn with(mut cfg: Config, kv: &[(&str, Value)]) -> Config {
         cfg.insert(k.to_string(), v.clone());
     }
     cfg
+}
+
+/// The mock imitating `engine`, started with the defaults in trial directory `dir` through a
+/// launcher recording in `store`.
+async fn running_defaults(engine: &str, store: &Store, dir: &Path) -> TrialEngine {
+    let s = quick(space(engine));
+    launcher(Some(store.clone()), mock(engine, &[]))
+        .start(&s, &s.defaults(), "m", dir)
+        .await
+        .unwrap()
 }
 
 async fn start_failure(
@@ -176,14 +186,9 @@ async fn every_shipped_engine_launches_serves_and_leaves_nothing() {
 /// record removed, so nothing is left and the next start sees no leaked engine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_dropped_without_stop_is_torn_down_and_forgotten() {
-    let s = quick(space("llamacpp"));
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let l = launcher(Some(store.clone()), mock("llamacpp", &[]));
-    let e = l
-        .start(&s, &s.defaults(), "m", &dir.path().join("t0"))
-        .await
-        .unwrap();
+    let e = running_defaults("llamacpp", &store, &dir.path().join("t0")).await;
     let pgid = e.ready.process.pgid();
     let tag = e.tag.clone();
     assert!(group_alive(pgid));
@@ -428,12 +433,7 @@ async fn version_gates_and_help_probing_see_what_the_installed_engine_has() {
 async fn the_reaper_kills_an_engine_its_dead_owner_left_and_forgets_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let s = quick(space("vllm"));
-    let l = launcher(Some(store.clone()), mock("vllm", &[]));
-    let e = l
-        .start(&s, &s.defaults(), "m", &dir.path().join("t"))
-        .await
-        .unwrap();
+    let e = running_defaults("vllm", &store, &dir.path().join("t")).await;
     let pgid = e.ready.process.pgid();
     let tag = e.tag.clone();
     // As if servetune had been SIGKILLed: nothing tears the engine down.
@@ -448,10 +448,7 @@ async fn the_reaper_kills_an_engine_its_dead_owner_left_and_forgets_it() {
     assert!(!group_alive(pgid));
     assert!(store.engines().unwrap().is_empty());
     // A record whose engine is already gone is simply forgotten.
-    let e = l
-        .start(&s, &s.defaults(), "m", &dir.path().join("t2"))
-        .await
-        .unwrap();
+    let e = running_defaults("vllm", &store, &dir.path().join("t2")).await;
     e.stop().unwrap();
     assert!(reap(&store).unwrap().is_empty());
 }

@@ -89,15 +89,7 @@ impl Drop for TrialEngine {
         if !self.armed {
             return;
         }
-        // As `stop`: the known group first, then whatever else carries the tag and the record.
-        // A group that would not die keeps its record, so the reaper can find it later.
-        let r = self
-            .ready
-            .process
-            .shutdown(Duration::from_secs(10))
-            .map_err(|e| e.to_string())
-            .and_then(|_| self.launcher.forget(&self.tag).map_err(|e| e.to_string()));
-        if let Err(e) = r {
+        if let Err(e) = self.teardown(Duration::from_secs(10)) {
             tracing::error!("engine {} dropped without a stop: {e}", self.tag);
         }
     }
@@ -253,6 +245,21 @@ impl Launcher {
 }
 
 impl TrialEngine {
+    /// The known group first, then whatever else carries the tag, and the record; disarms the
+    /// drop guard. A group that would not die keeps its record, so the reaper can find it.
+    fn teardown(&mut self, grace: Duration) -> Result<(), TrialError> {
+        self.ready
+            .process
+            .shutdown(grace)
+            .map_err(|e| TrialError::Teardown {
+                tag: self.tag.clone(),
+                why: e.to_string(),
+            })?;
+        self.launcher.forget(&self.tag)?;
+        self.armed = false;
+        Ok(())
+    }
+
     /// Whether the engine's leader process is still running.
     pub fn alive(&mut self) -> bool {
         self.ready.process.exited().is_none()
@@ -261,15 +268,7 @@ impl TrialEngine {
     /// SIGTERM, grace, SIGKILL; then no process of the group (or carrying the tag) may be
     /// left, and the GPU memory must return to where it was before the launch.
     pub fn stop(mut self) -> Result<(), TrialError> {
-        self.ready
-            .process
-            .shutdown(Duration::from_secs(15))
-            .map_err(|e| TrialError::Teardown {
-                tag: self.tag.clone(),
-                why: e.to_string(),
-            })?;
-        self.launcher.forget(&self.tag)?;
-        self.armed = false;
+        self.teardown(Duration::from_secs(15))?;
         self.launcher.telemetry.wait_released(
             &self.baseline,
             512 << 20,

@@ -8,8 +8,9 @@
 //!
 //! sled admits one process. So that a person can look at a study while a foreground `tune` or
 //! the daemon holds the store, the writer mirrors every record as a file
-//! (`<dir>/mirror/<tree>/<hex key>.json`, written to a temporary name and renamed, so a reader
-//! never sees half a record; rewritten whole at open). [`Store::open_for_reading`] opens the
+//! (`<dir>/mirror/<tree>/<name>.json`: the key on its first line, the value after it; written
+//! to a temporary name and renamed, so a reader never sees half a record; rewritten whole at
+//! open). [`Store::open_for_reading`] opens the
 //! store itself when it is free, and otherwise loads the mirror into a temporary, read-only
 //! copy: never a second writer.
 
@@ -92,28 +93,27 @@ fn key_file(key: &[u8]) -> String {
     }
 }
 
-/// A mirrored record: the key and its JSON value.
-#[derive(Serialize, Deserialize)]
-struct MirrorRecord {
-    key: String,
-    value: serde_json::Value,
+/// A mirror file: the key as a JSON string on the first line, then the stored JSON value as
+/// it is (no newline can occur in a JSON string, so the first one ends the key).
+fn mirror_bytes(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = serde_json::to_vec(&String::from_utf8_lossy(key)).expect("a string serialises");
+    out.push(b'\n');
+    out.extend_from_slice(value);
+    out
 }
 
-fn mirror_bytes(key: &[u8], value: &[u8]) -> std::io::Result<Vec<u8>> {
-    let value: serde_json::Value = serde_json::from_slice(value).map_err(std::io::Error::other)?;
-    serde_json::to_vec(&MirrorRecord {
-        key: String::from_utf8_lossy(key).into_owned(),
-        value,
-    })
-    .map_err(std::io::Error::other)
+/// The key and value of a mirror file.
+fn mirror_record(bytes: &[u8]) -> Option<(String, &[u8])> {
+    let nl = bytes.iter().position(|b| *b == b'\n')?;
+    let key = serde_json::from_slice(&bytes[..nl]).ok()?;
+    Some((key, &bytes[nl + 1..]))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename (readers see the old record
-/// or the new one, never part of one).
+/// or the new one, never part of one). Callers hold the store's write lock, so one temporary
+/// name per record is enough.
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("json.{}-{n}.tmp", std::process::id()));
+    let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)
 }
@@ -234,11 +234,9 @@ impl Store {
                 let Ok(bytes) = std::fs::read(f.path()) else {
                     continue;
                 };
-                let rec: MirrorRecord = serde_json::from_slice(&bytes)
-                    .map_err(|e| format!("{}: {e}", f.path().display()))?;
-                let value = serde_json::to_vec(&rec.value).map_err(|e| e.to_string())?;
-                t.insert(rec.key.as_bytes(), value)
-                    .map_err(|e| e.to_string())?;
+                let (key, value) = mirror_record(&bytes)
+                    .ok_or_else(|| format!("{}: not a mirrored record", f.path().display()))?;
+                t.insert(key.as_bytes(), value).map_err(|e| e.to_string())?;
             }
         }
         let path = dir.join("servetune.sled");
@@ -285,8 +283,7 @@ impl Store {
                 for kv in tree.iter() {
                     let (k, v) = kv.map_err(std::io::Error::other)?;
                     // One record that cannot be mirrored costs readers that record only.
-                    let written = mirror_bytes(&k, &v)
-                        .and_then(|b| std::fs::write(dir.join(key_file(&k)), b));
+                    let written = std::fs::write(dir.join(key_file(&k)), mirror_bytes(&k, &v));
                     if let Err(e) = written {
                         skipped += 1;
                         tracing::warn!("cannot mirror {name}/{}: {e}", String::from_utf8_lossy(&k));
@@ -312,9 +309,12 @@ impl Store {
     fn mirror_put(&self, tree: &str, key: &str, bytes: &[u8]) {
         let Some(root) = &self.mirror else { return };
         let dir = root.join(tree);
-        let r = std::fs::create_dir_all(&dir)
-            .and_then(|_| mirror_bytes(key.as_bytes(), bytes))
-            .and_then(|b| write_atomic(&dir.join(key_file(key.as_bytes())), &b));
+        let r = std::fs::create_dir_all(&dir).and_then(|_| {
+            write_atomic(
+                &dir.join(key_file(key.as_bytes())),
+                &mirror_bytes(key.as_bytes(), bytes),
+            )
+        });
         if let Err(e) = r {
             tracing::warn!("cannot mirror {tree}/{key} to {}: {e}", root.display());
         }
@@ -518,7 +518,7 @@ mod tests {
                 .join("mirror")
                 .join("studies")
                 .join(key_file(b"stale")),
-            br#"{"key":"stale","value":"old"}"#,
+            mirror_bytes(b"stale", br#""old""#),
         )
         .unwrap();
         let writer = Store::open(dir.path()).unwrap();

@@ -12,6 +12,7 @@ use super::study::{
 use super::TuneError;
 use crate::store::Store;
 use crate::telemetry::Telemetry;
+use crate::util::say;
 
 /// The state directory: `--state`, else `$SERVETUNE_STATE`, else `./state`.
 pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
@@ -75,12 +76,6 @@ pub async fn tune(
         print!("{}", summary(&rec));
     }
     Ok(rec)
-}
-
-/// A line on stderr; a stderr that cannot be written to is ignored.
-fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The end-of-study summary.
