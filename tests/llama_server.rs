@@ -220,7 +220,7 @@ fn the_shipped_llama_study_completes_a_smoke_run() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let text =
         std::fs::read_to_string(root.join("studies/llamacpp-smollm2-sharegpt.toml")).unwrap();
-    let smoke = shrink_to_smoke(&text, &root.join("search-spaces"));
+    let smoke = common::shrink_to_smoke(&text, &root.join("search-spaces"), 3);
     let dir = tempfile::tempdir().unwrap();
     let studies = dir.path().join("studies");
     std::fs::create_dir_all(&studies).unwrap();
@@ -250,96 +250,6 @@ fn the_shipped_llama_study_completes_a_smoke_run() {
     assert!(store.engines().unwrap().is_empty(), "engine records left");
 }
 
-/// The shipped study with its budget and workloads shrunk (3 trials, 2 rounds, a few short
-/// requests per workload), edited as TOML so that retuning the shipped file does not break it.
-fn shrink_to_smoke(text: &str, space_dir: &std::path::Path) -> String {
-    let mut doc: toml::Table = text.parse().expect("the shipped study is TOML");
-    let mut study = table(&mut doc, "study");
-    study.insert("space_dir".into(), space_dir.display().to_string().into());
-    doc.insert("study".into(), study.into());
-    let mut budget = table(&mut doc, "budget");
-    budget.insert("trials".into(), 3.into());
-    budget.remove("min_trials");
-    doc.insert("budget".into(), budget.into());
-    // The other tests of this binary load the machine meanwhile: the foreign-load check stays
-    // on (its real path is exercised), with a short wait for quiet.
-    let mut foreign = table(&mut doc, "foreign_load");
-    foreign.insert("settle_s".into(), 5.0.into());
-    doc.insert("foreign_load".into(), foreign.into());
-    let mut remeasure = table(&mut doc, "remeasure");
-    remeasure.insert("repeats".into(), 2.into());
-    remeasure.insert("max_repeats".into(), 2.into());
-    doc.insert("remeasure".into(), remeasure.into());
-    let workloads = doc
-        .get_mut("workload")
-        .and_then(|w| w.as_array_mut())
-        .expect("the shipped study has workloads");
-    for (i, w) in workloads.iter_mut().enumerate() {
-        let args = w
-            .get_mut("args")
-            .and_then(|a| a.as_array_mut())
-            .expect("every workload has args");
-        let mut seen = Vec::new();
-        for k in 0..args.len().saturating_sub(1) {
-            let flag = args[k].as_str().unwrap_or_default().to_string();
-            let value = match flag.as_str() {
-                "--num-prompts" => Some(if i == 0 { "8" } else { "3" }),
-                "--sharegpt-output-len" | "--random-output-len" => Some("16"),
-                _ => None,
-            };
-            if let Some(v) = value {
-                args[k + 1] = v.into();
-                seen.push(flag);
-            }
-        }
-        assert!(
-            seen.iter().any(|f| f == "--num-prompts"),
-            "workload {i} of the shipped study sets no --num-prompts"
-        );
-    }
-    toml::to_string(&doc).expect("the smoke study serialises")
-}
-
-/// A copy of the table `key` of `doc` (empty when absent).
-fn table(doc: &mut toml::Table, key: &str) -> toml::Table {
-    doc.get(key)
-        .and_then(|v| v.as_table())
-        .cloned()
-        .unwrap_or_default()
-}
-
-/// Live processes whose stdout is a file under `dir` (an engine's log in a trial directory
-/// there): what a torn-down study must not leave.
-fn engines_logging_under(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        if stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z')
-        {
-            continue;
-        }
-        if let Ok(target) = std::fs::read_link(e.path().join("fd/1")) {
-            if target.starts_with(dir) {
-                let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-                out.push(format!(
-                    "{name}: {}",
-                    String::from_utf8_lossy(&cmd).replace('\0', " ")
-                ));
-            }
-        }
-    }
-    out
-}
-
 /// Kills the child on drop: a failed assertion must not leave a study (and its engine)
 /// running.
 struct KillOnDrop(std::process::Child);
@@ -365,7 +275,7 @@ fn sigterm_during_start_up_or_benchmark_leaves_no_engine() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let text =
         std::fs::read_to_string(root.join("studies/llamacpp-smollm2-sharegpt.toml")).unwrap();
-    let smoke = shrink_to_smoke(&text, &root.join("search-spaces"));
+    let smoke = common::shrink_to_smoke(&text, &root.join("search-spaces"), 3);
     // `None`: right after the engine's log appears (it is loading the model); `Some(marker)`:
     // once its log shows a request in a slot (the benchmark runs).
     for (when, marker, closed_stderr) in [
@@ -458,7 +368,7 @@ fn sigterm_during_start_up_or_benchmark_leaves_no_engine() {
         };
         // Exit 130 after a clean stop, stderr closed or not (a panic would be 101).
         assert_eq!(status.code(), Some(130), "SIGTERM during {when}: {status}");
-        let left = engines_logging_under(dir.path());
+        let left = common::engines_logging_under(dir.path());
         assert!(left.is_empty(), "SIGTERM during {when} left {left:?}");
         let store = servetune::store::Store::open(&state.join("db")).unwrap();
         let records = store.engines().unwrap();

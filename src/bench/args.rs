@@ -348,7 +348,22 @@ impl BenchArgs {
             Some("words") => Tokenizer::Words(WordTokenizer {
                 vocab_size: self.random_vocab_size.unwrap_or(32_000),
             }),
-            _ => Tokenizer::Remote(RemoteTokenizer::new(&base, &served)),
+            Some(name) => match crate::tokenizer::load_local(name)? {
+                Some(t) => Tokenizer::Hf(t),
+                None => {
+                    tracing::warn!(
+                        "tokenizer {name:?} is neither a local directory nor in the Hugging Face cache; counting tokens with the server's /tokenize"
+                    );
+                    Tokenizer::Remote(RemoteTokenizer::new(&base, &served))
+                }
+            },
+            None => match served_model_tokenizer(&base, &model).await {
+                Some(t) => {
+                    tracing::debug!("tokenizer: {} (the served model's)", t.path.display());
+                    Tokenizer::Hf(t)
+                }
+                None => Tokenizer::Remote(RemoteTokenizer::new(&base, &served)),
+            },
         };
         let requests = match cached {
             Some(r) => r,
@@ -384,8 +399,8 @@ impl BenchArgs {
             }
             DatasetName::Random => {
                 let tok = match (&tokenizer, self.random_vocab_size) {
-                    (Tokenizer::Remote(r), Some(v)) => Tokenizer::Remote(r.clone()).with_vocab(v),
-                    _ => tokenizer.clone(),
+                    (t, Some(v)) => t.clone().with_vocab(v),
+                    (t, None) => t.clone(),
                 };
                 super::dataset::random::sample(
                     &RandomSpec {
@@ -529,6 +544,36 @@ impl BenchArgs {
 }
 
 /// `data[0].id` of the server's `/v1/models`.
+/// The served model's own Hugging Face tokenizer, when the server names a local model: vLLM
+/// and SGLang list the directory they serve as the model's `root` (or `id`); a hub id is looked
+/// up in the local HF cache. `None` when the listing names nothing local (llama-server's GGUF).
+async fn served_model_tokenizer(base: &str, model: &str) -> Option<crate::tokenizer::HfTokenizer> {
+    let v: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/models"))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    let entries = v.get("data")?.as_array()?;
+    let entry = entries
+        .iter()
+        .find(|e| e.get("id").and_then(Value::as_str) == Some(model))
+        .or_else(|| entries.first())?;
+    ["root", "id"]
+        .iter()
+        .filter_map(|k| entry.get(*k).and_then(Value::as_str))
+        .find_map(|name| match crate::tokenizer::load_local(name) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::debug!("the served model's tokenizer: {e}");
+                None
+            }
+        })
+}
+
 async fn first_model(base: &str) -> Result<String, BenchError> {
     let url = format!("{base}/v1/models");
     let v: Value = reqwest::Client::new()

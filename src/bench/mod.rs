@@ -36,6 +36,8 @@ pub enum BenchError {
     Config(String),
     #[error(transparent)]
     Dataset(#[from] dataset::DatasetError),
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
     #[error("cannot create the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
     #[error("internal error: {0}")]

@@ -72,6 +72,13 @@ const BUILTIN: &[(&str, &str)] = &[
     ("oom", "CUDA out of memory"),
     // vllm-project/vllm#19186 (during cudagraph capture_end): "RuntimeError: CUDA error: out of memory"
     ("oom", "CUDA error: out of memory"),
+    // vLLM 0.32.0's CPU worker (v1/worker/cpu_worker.py), run here with the defaults on a
+    // machine whose memory node had less free than 92% of it: "ValueError: Available memory on
+    // node 0 (10.4/12.21 GiB) on startup is less than desired CPU memory utilization (0.92,
+    // 11.24 GiB). ..."
+    ("oom", "is less than desired CPU memory utilization"),
+    // The same worker when VLLM_CPU_KVCACHE_SPACE asks for more than is free.
+    ("oom", "allocation is less than requested memory for kv"),
     // vLLM when the KV cache gets no memory.
     ("oom", "No available memory for the cache blocks"),
     // llama.cpp when a buffer cannot be allocated.

@@ -128,10 +128,11 @@ pub fn settings(
             s.prefix_cache = boolean(cfg, "enable_prefix_caching");
             s.block_size = int(cfg, "block_size").max(1) as u32;
             if s.max_batched_tokens < s.max_seqs {
-                return Err(die(format!("ValueError: max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({}).\n", s.max_batched_tokens, s.max_seqs), 0.3));
+                // As vLLM 0.32.0 prints it (pydantic validates SchedulerConfig; run here).
+                return Err(die(format!("pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({}). [type=value_error, input_value=ArgsKwargs(()), input_type=ArgsKwargs]\n", s.max_batched_tokens, s.max_seqs), 0.3));
             }
             if !s.chunked_prefill && (s.max_batched_tokens as u64) < max_model_len {
-                return Err(die(format!("ValueError: max_num_batched_tokens ({}) is smaller than max_model_len ({max_model_len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len.\n", s.max_batched_tokens), 0.3));
+                return Err(die(format!("pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n  Value error, max_num_batched_tokens ({}) is smaller than max_model_len ({max_model_len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences. Please increase max_num_batched_tokens or decrease max_model_len. [type=value_error, input_value=ArgsKwargs(()), input_type=ArgsKwargs]\n", s.max_batched_tokens), 0.3));
             }
             if text(cfg, "quantization") == "fp8" {
                 if gpu && hw.sm < 80 {

@@ -74,13 +74,9 @@ pub struct Machine {
     pub version: String,
 }
 
+/// `flag` is the unknown option as the engine names it (its `_` already turned into `-` where
+/// the engine does that), with the value after it where the engine's parser lists that too.
 fn bad_flag(profile: &str, flag: &str) -> Fatal {
-    // vLLM's FlexibleArgumentParser and llama.cpp turn `_` into `-` in long options.
-    let flag = if flag.starts_with("--") && (profile == "vllm" || profile == "llamacpp") {
-        flag.replace('_', "-")
-    } else {
-        flag.to_owned()
-    };
     let (log, code) = match profile {
         // vllm/utils/argparse_utils.py FlexibleArgumentParser (top-level parser, `_` → `-`);
         // seen verbatim in vllm-project/vllm-omni#1364.
@@ -356,7 +352,15 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             continue;
         }
         let Some(takes) = takes_value else {
-            return Err(bad_flag(profile, &name));
+            // argparse (vLLM, SGLang) lists every token it could not place: the unknown flag
+            // and the value after it (real vLLM 0.32.0: "unrecognized arguments: --bogus-flag 3").
+            let mut unknown = name.clone();
+            if profile == "vllm" || profile == "sglang" {
+                if let Some(next) = args.get(i + 1).filter(|n| !n.starts_with('-')) {
+                    unknown = format!("{unknown} {next}");
+                }
+            }
+            return Err(bad_flag(profile, &unknown));
         };
         if takes {
             let v = match inline {

@@ -56,6 +56,8 @@ impl Space {
             source: "servetune: the engine choice".into(),
             since: None,
             until: None,
+            platform: None,
+            platform_default: Default::default(),
         }];
         let mut constraints = Vec::new();
         for m in &members {
@@ -98,6 +100,7 @@ impl Space {
                 fixed: Vec::new(),
                 vars: Default::default(),
                 yaml_flag: None,
+                env: Default::default(),
                 metrics: Default::default(),
                 failures: Default::default(),
             },

@@ -166,6 +166,10 @@ pub struct EngineMeta {
     /// The flag that takes the YAML file built from the `yaml_key` parameters.
     #[serde(default)]
     pub yaml_flag: Option<String>,
+    /// Environment every launch gets (a study's `[env]` adds to it and overrides it); a
+    /// parameter carried by the same variable overrides both when it leaves its default.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
     /// Canonical metric (one of `METRIC_KEYS`) → Prometheus names, newest first (engines
     /// rename them: vLLM's `gpu_cache_usage_perc` became `kv_cache_usage_perc`).
     #[serde(default)]
@@ -274,7 +278,19 @@ pub struct Param {
     /// Version gate: the flag exists only before this engine version.
     #[serde(default)]
     pub until: Option<String>,
+    /// The platform the parameter exists on (`cpu` or `gpu`, see `PLATFORMS`); absent: both.
+    /// A study on the other platform does not search it.
+    #[serde(default)]
+    pub platform: Option<String>,
+    /// The engine's default where it differs by platform (vLLM's `--max-num-seqs` is 128 on
+    /// the CPU, 1024 on an H100): `platform_default = { cpu = 128 }` replaces `default` there.
+    #[serde(default)]
+    pub platform_default: BTreeMap<String, Value>,
 }
+
+/// The platforms a study runs on: `gpu` where NVML finds a GPU, else `cpu`, unless the study
+/// names one.
+pub const PLATFORMS: &[&str] = &["cpu", "gpu"];
 
 /// The keys a `[[param]]` table may have (serde cannot deny unknown ones through `flatten`).
 const PARAM_KEYS: &[&str] = &[
@@ -296,6 +312,8 @@ const PARAM_KEYS: &[&str] = &[
     "source",
     "since",
     "until",
+    "platform",
+    "platform_default",
 ];
 
 /// Compares engine versions in PEP 440 order (vLLM, SGLang and TensorRT-LLM are Python
@@ -559,6 +577,27 @@ impl Space {
                 ));
             }
             validate_kind(q).map_err(bad)?;
+            if let Some(pl) = &q.platform {
+                if !PLATFORMS.contains(&pl.as_str()) {
+                    return Err(bad(format!(
+                        "`platform` {pl:?} is not one of {}",
+                        PLATFORMS.join(", ")
+                    )));
+                }
+            }
+            for (pl, v) in &q.platform_default {
+                if !PLATFORMS.contains(&pl.as_str()) {
+                    return Err(bad(format!(
+                        "`platform_default` names {pl:?}, not one of {}",
+                        PLATFORMS.join(", ")
+                    )));
+                }
+                if q.fit(v).as_ref() != Some(v) {
+                    return Err(bad(format!(
+                        "`platform_default.{pl}` {v} is not a value of the parameter"
+                    )));
+                }
+            }
         }
         for p in &raw.params {
             for dep in p.get_ref().when.keys() {
@@ -670,6 +709,14 @@ impl Space {
         })
     }
 
+    /// Adds a study's environment to every launch (over the engine file's own `env`).
+    pub fn set_env(&mut self, env: &BTreeMap<String, String>) {
+        self.engine.env.extend(env.clone());
+        for m in &mut self.members {
+            m.engine.env.extend(env.clone());
+        }
+    }
+
     /// Sets study variables (`max_model_len`, `gpu_count`…); a name the engine file does not
     /// declare is an error naming it.
     pub fn set_vars(&mut self, vars: &BTreeMap<String, i64>) -> Result<(), SpaceError> {
@@ -693,6 +740,31 @@ impl Space {
             }
         }
         Ok(())
+    }
+
+    /// The space as it is on `platform`: parameters of the other platform dropped (with those
+    /// that depend on them, as `without` does), platform defaults in place. Returns the
+    /// dropped names.
+    pub fn for_platform(&self, platform: &str) -> Result<(Space, Vec<String>), SpaceError> {
+        if !PLATFORMS.contains(&platform) {
+            return Err(SpaceError::Usage(format!(
+                "unknown platform {platform:?} (known: {})",
+                PLATFORMS.join(", ")
+            )));
+        }
+        let other: Vec<String> = self
+            .params
+            .iter()
+            .filter(|p| p.platform.as_deref().is_some_and(|pl| pl != platform))
+            .map(|p| p.name.clone())
+            .collect();
+        let (mut s, gone) = self.without(&other);
+        for p in &mut s.params {
+            if let Some(v) = p.platform_default.get(platform) {
+                p.default = v.clone();
+            }
+        }
+        Ok((s, gone))
     }
 
     pub fn active(&self, p: &Param, cfg: &Config) -> bool {

@@ -157,7 +157,12 @@ impl Space {
             }
             argv.push(s);
         }
-        let mut env = Vec::new();
+        let mut env: Vec<(String, String)> = self
+            .engine
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let mut json_done: Vec<&str> = Vec::new();
         let mut yaml = serde_json::Map::new();
         for p in &self.params {
@@ -177,6 +182,7 @@ impl Space {
                 continue;
             }
             if let Some(e) = &p.env {
+                env.retain(|(k, _)| k != e);
                 env.push((e.clone(), v.to_string()));
             }
             if let Some(key) = &p.yaml_key {

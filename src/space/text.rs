@@ -72,6 +72,12 @@ pub fn show(s: &Space) -> String {
         if let Some(v) = &p.until {
             let _ = write!(extra, "  until {v}");
         }
+        if let Some(v) = &p.platform {
+            let _ = write!(extra, "  {v} only");
+        }
+        for (pl, v) in &p.platform_default {
+            let _ = write!(extra, "  default {v} on {pl}");
+        }
         let _ = writeln!(
             out,
             "  {:<24} {:<34} default {:<10} {range}{extra}",

@@ -77,6 +77,11 @@ pub async fn engine_space(study: &Study, telemetry: &Telemetry) -> Result<Engine
     let mut versions = BTreeMap::new();
     let mut dropped = Vec::new();
     let mut binaries = study.spec.binaries.clone();
+    let platform = match &study.spec.study.platform {
+        Some(p) => p.clone(),
+        None if telemetry.gpu_count() > 0 => "gpu".into(),
+        None => "cpu".into(),
+    };
     for e in study.spec.study.engines.split('+') {
         let mut sp = Space::load(&study.space_dir.join(format!("{e}.toml")))?;
         let mut vars = study.spec.vars.clone();
@@ -102,6 +107,15 @@ pub async fn engine_space(study: &Study, telemetry: &Telemetry) -> Result<Engine
             )));
         }
         sp.set_vars(&vars)?;
+        sp.set_env(&study.spec.env);
+        let (s, gone) = sp.for_platform(&platform)?;
+        if !gone.is_empty() {
+            tracing::debug!(
+                "{e}: {platform} platform, not searching: {}",
+                gone.join(", ")
+            );
+        }
+        sp = s;
         let binary = study.spec.binaries.get(e).map(|v| v.as_slice());
         let inst = inventory::probe(&sp, binary, Duration::from_secs(60)).await;
         let Some(path) = &inst.path else {

@@ -21,6 +21,10 @@ pub struct StudySpec {
     /// Per engine, the argv that replaces `{binary}` (e.g. the mock engine in tests).
     #[serde(default)]
     pub binaries: BTreeMap<String, Vec<String>>,
+    /// Environment every engine of the study gets, the defaults' run included (over the engine
+    /// file's `[engine] env`; a searched parameter on the same variable overrides it).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub objective: Objective,
     #[serde(default)]
@@ -65,6 +69,10 @@ pub struct StudySection {
     /// Refuse to launch on a GPU that other processes use.
     #[serde(default = "yes")]
     pub refuse_foreign_gpu_processes: bool,
+    /// `cpu` or `gpu`: which platform's parameters and defaults apply. Default: `gpu` where
+    /// NVML finds a GPU, else `cpu`.
+    #[serde(default)]
+    pub platform: Option<String>,
 }
 
 fn yes() -> bool {
@@ -411,19 +419,24 @@ fn field(f: &str, msg: impl std::fmt::Display) -> TuneError {
     TuneError::Spec(format!("{f}: {msg}"))
 }
 
-/// `@smollm2` and `@sharegpt`: the assets of `servetune setup llamacpp`.
+/// `@smollm2` and `@sharegpt`: the assets of `servetune setup llamacpp`; `@vllm` and
+/// `@smollm2-hf`: those of `servetune setup vllm`.
 fn resolve_alias(s: &str, what: &str) -> Result<String, TuneError> {
     let Some(name) = s.strip_prefix('@') else {
         return Ok(s.to_owned());
     };
-    let paths = crate::setup::LlamaPaths::new(&crate::util::cache_dir());
+    let cache = crate::util::cache_dir();
+    let llama = crate::setup::LlamaPaths::new(&cache);
+    let vllm = crate::setup::VllmPaths::new(&cache);
     let p = match name {
-        "smollm2" => paths.model,
-        "sharegpt" => paths.sharegpt,
+        "smollm2" => llama.model,
+        "sharegpt" => llama.sharegpt,
+        "smollm2-hf" => vllm.model,
+        "vllm" => vllm.vllm,
         _ => {
             return Err(field(
                 what,
-                format!("unknown alias {s:?} (known: @smollm2, @sharegpt)"),
+                format!("unknown alias {s:?} (known: @smollm2, @sharegpt, @smollm2-hf, @vllm)"),
             ))
         }
     };
@@ -728,9 +741,30 @@ impl Study {
                 ));
             }
         }
+        if let Some(pl) = &s.study.platform {
+            if !crate::space::PLATFORMS.contains(&pl.as_str()) {
+                return Err(field(
+                    "study.platform",
+                    format!(
+                        "{pl:?} is not one of {}",
+                        crate::space::PLATFORMS.join(", ")
+                    ),
+                ));
+            }
+        }
         let model = resolve_alias(&s.study.model, "study.model")?;
+        let mut binaries = BTreeMap::new();
+        for (k, argv) in &s.binaries {
+            let resolved = argv
+                .iter()
+                .map(|a| resolve_alias(a, &format!("binaries.{k}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            binaries.insert(k.clone(), resolved);
+        }
         let mut warnings = Vec::new();
         let screen_fraction = screen_fraction(s, &workloads[0].1, &mut warnings);
+        let mut spec = spec;
+        spec.binaries = binaries;
         Ok(Study {
             text: text.to_owned(),
             space_dir,

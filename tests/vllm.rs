@@ -1,0 +1,401 @@
+//! The real vLLM: vLLM 0.32.0's CPU build from PyPI serving SmolLM2-135M (`servetune setup
+//! vllm`), launched through the shipped search space, benchmarked, made to fail, and compared
+//! with the mock engine's vLLM profile (flags, failure messages, metric names: a difference is
+//! a failure). CI sets SERVETUNE_REQUIRE_VLLM=1 so that a missing engine fails instead of
+//! skipping. The tests take turns (a lock): two vLLM start-ups at once on 2 cores would only
+//! time each other out.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use servetune::engine::failure::{FailureClass, OomPhase};
+use servetune::engine::inventory;
+use servetune::engine::launch::LaunchError;
+use servetune::engine::process::group_running;
+use servetune::engine::trial::{Launcher, TrialError};
+use servetune::setup::VllmPaths;
+use servetune::space::{Config, Space, Value};
+use servetune::store::Store;
+use servetune::telemetry::Telemetry;
+
+const BIN: &str = env!("CARGO_BIN_EXE_servetune");
+
+/// Held by each test for its whole run (an async lock: the tests hold it across awaits).
+static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn paths() -> Option<VllmPaths> {
+    let p = VllmPaths::default_paths();
+    if p.ready() {
+        return Some(p);
+    }
+    if std::env::var("SERVETUNE_REQUIRE_VLLM").as_deref() == Ok("1") {
+        panic!(
+            "vLLM is not installed under {}: run `servetune setup vllm`",
+            p.root.display()
+        );
+    }
+    eprintln!("SKIPPED: vLLM not installed (run `servetune setup vllm`)");
+    None
+}
+
+/// The shipped vLLM space as a CPU study sees it, with the study environment of
+/// `studies/vllm-cpu-smollm2.toml` (offline, a 1 GiB KV cache) and a 2,048-token context.
+fn cpu_space() -> Space {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces");
+    let mut s = Space::load(&dir.join("vllm.toml")).unwrap();
+    s.set_vars(&[("max_model_len".to_string(), 2048)].into_iter().collect())
+        .unwrap();
+    s.set_env(
+        &[("HF_HUB_OFFLINE", "1"), ("VLLM_CPU_KVCACHE_SPACE", "1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    s.for_platform("cpu").unwrap().0
+}
+
+fn launcher(store: Option<Store>, binary: Vec<String>) -> Launcher {
+    let mut l = Launcher::new(store, Telemetry::off());
+    l.binary = Some(binary);
+    l
+}
+
+fn mock() -> Vec<String> {
+    [
+        BIN,
+        "mock-engine",
+        "--profile",
+        "vllm",
+        "--mock-startup-s",
+        "0.1",
+        "--",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn with(mut cfg: Config, kv: &[(&str, Value)]) -> Config {
+    for (k, v) in kv {
+        cfg.insert(k.to_string(), v.clone());
+    }
+    cfg
+}
+
+/// The failure a start of `cfg` ends in: class and the log line that proved it.
+async fn start_failure(
+    s: &Space,
+    cfg: &Config,
+    binary: Vec<String>,
+    model: &str,
+) -> (FailureClass, String) {
+    let dir = tempfile::tempdir().unwrap();
+    match launcher(None, binary)
+        .start(s, cfg, model, dir.path())
+        .await
+    {
+        Err(TrialError::Launch(LaunchError::Failed { failure, .. })) => {
+            (failure.class, failure.evidence)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(e) => {
+            let argv = e.rendered.display();
+            let _ = e.stop();
+            panic!("expected a start-up failure: {argv}")
+        }
+    }
+}
+
+/// The part of an evidence line from `marker` on, without pydantic's trailing
+/// `[type=…, input_value=…]` (which echoes every argument).
+fn from_marker(evidence: &str, marker: &str) -> String {
+    let at = evidence
+        .find(marker)
+        .unwrap_or_else(|| panic!("{marker:?} not in {evidence:?}"));
+    let tail = &evidence[at..];
+    tail.split(" [type=")
+        .next()
+        .unwrap_or(tail)
+        .trim()
+        .to_owned()
+}
+
+/// The metric names a /metrics page defines.
+async fn metric_names(base: &str) -> BTreeSet<String> {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|n| {
+            n.trim_end_matches("_total")
+                .trim_end_matches("_created")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The installed vLLM lists every flag of the shipped space (both platforms' parameters) in
+/// `vllm serve --help=all`, and reports the CPU build's version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_space_matches_the_real_help_and_version() {
+    let Some(p) = paths() else { return };
+    let _turn = TURN.lock().await;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces");
+    let full = Space::load(&dir.join("vllm.toml")).unwrap();
+    let bin = vec![p.vllm.display().to_string()];
+    let found = inventory::probe(&full, Some(&bin), Duration::from_secs(180)).await;
+    assert_eq!(found.version.as_deref(), Some("0.32.0+cpu"), "{found:?}");
+    assert!(
+        found.missing_flags.is_empty(),
+        "flags of search-spaces/vllm.toml that vLLM 0.32.0 lacks: {:?}",
+        found.missing_flags
+    );
+}
+
+/// A non-default CPU point starts through the trial launcher (the readiness ladder, the
+/// store's record), the CPU knobs reach the engine (its log shows the binding they ask for),
+/// a random-dataset benchmark runs with no vocabulary flag (the served model's tokenizer is
+/// found through /v1/models), the metric names of the space and of the mock's vLLM profile
+/// are all on the real /metrics page, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_launches_benchmarks_and_exposes_the_spaces_metrics() {
+    let Some(p) = paths() else { return };
+    let _turn = TURN.lock().await;
+    let s = cpu_space();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path()).unwrap();
+    let l = launcher(Some(store.clone()), vec![p.vllm.display().to_string()]);
+    let cfg = with(
+        s.defaults(),
+        &[
+            ("enforce_eager", Value::Bool(true)),
+            ("max_num_seqs", Value::Int(16)),
+            ("cpu_reserved_cores", Value::Str("0".into())),
+        ],
+    );
+    let e = l
+        .start(&s, &cfg, &p.model.display().to_string(), tmp.path())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let argv = e.rendered.argv.join(" ");
+    assert!(
+        argv.contains("--enforce-eager") && argv.contains("--max-num-seqs 16"),
+        "{argv}"
+    );
+    assert!(
+        e.rendered
+            .env
+            .contains(&("VLLM_CPU_NUM_OF_RESERVED_CPU".into(), "0".into())),
+        "{:?}",
+        e.rendered.env
+    );
+    assert_eq!(store.engines().unwrap().len(), 1);
+    let log = std::fs::read_to_string(&e.log).unwrap();
+    assert!(
+        log.contains("reserve_cpu_num=0"),
+        "the env did not reach vLLM:\n{log}"
+    );
+
+    let (plan, _) = common::args(&[
+        "--base-url",
+        &e.base_url,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "8",
+        "--num-prompts",
+        "6",
+        "--ignore-eos",
+    ])
+    .prepare()
+    .await
+    .unwrap_or_else(|err| panic!("{err}"));
+    let out = servetune::bench::run(plan).await.unwrap();
+    assert_eq!(
+        out.summary.completed, 6,
+        "{:?}",
+        out.summary.failed_by_reason
+    );
+    assert_eq!(out.summary.total_output_tokens, 48);
+
+    let real = metric_names(&e.base_url).await;
+    for (key, names) in &s.engine.metrics {
+        assert!(
+            real.contains(names[0].trim_end_matches("_total")),
+            "[engine.metrics] {key}: {} is not on vLLM 0.32.0's /metrics",
+            names[0]
+        );
+    }
+    let pgid = e.ready.process.pgid();
+    e.stop().unwrap();
+    assert!(!group_running(pgid), "vLLM processes left running");
+    assert!(store.engines().unwrap().is_empty());
+
+    let m = launcher(None, mock())
+        .start(&s, &s.defaults(), "m", tmp.path())
+        .await
+        .unwrap();
+    let mocked = metric_names(&m.base_url).await;
+    m.stop().unwrap();
+    let missing: Vec<&String> = mocked.iter().filter(|n| !real.contains(*n)).collect();
+    assert!(
+        missing.is_empty(),
+        "the mock's vLLM profile serves metrics real vLLM does not: {missing:?}"
+    );
+}
+
+/// Failure classes provoked on the real engine, each proved by vLLM's own log line; where the
+/// mock's vLLM profile can make the same mistake it must die with the same class and the same
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
+    let Some(p) = paths() else { return };
+    let _turn = TURN.lock().await;
+    let model = p.model.display().to_string();
+    let real = vec![p.vllm.display().to_string()];
+    let base = cpu_space();
+    let eager = with(base.defaults(), &[("enforce_eager", Value::Bool(true))]);
+    let fixed = |extra: &[&str]| {
+        let mut s = base.clone();
+        s.engine.fixed.extend(extra.iter().map(|a| a.to_string()));
+        s
+    };
+    // (what, space, point, class, marker both messages are compared from)
+    let shared: Vec<(&str, Space, Config, FailureClass, &str)> = vec![
+        (
+            "an unknown flag",
+            fixed(&["--bogus-flag", "3"]),
+            eager.clone(),
+            FailureClass::BadFlag,
+            "vllm: error: unrecognized arguments:",
+        ),
+        (
+            "a value of the wrong type",
+            fixed(&["--max-num-seqs", "abc"]),
+            base.defaults(),
+            FailureClass::BadFlag,
+            "error: argument --max-num-seqs",
+        ),
+        (
+            "batched tokens below max_model_len without chunked prefill",
+            base.clone(),
+            with(
+                eager.clone(),
+                // max_num_seqs named: the mock imitates vLLM on a GPU, where its default (1024)
+                // would trip the other check first.
+                &[
+                    ("max_num_seqs", Value::Int(256)),
+                    ("max_num_batched_tokens", Value::Int(512)),
+                    ("enable_chunked_prefill", Value::Bool(false)),
+                ],
+            ),
+            FailureClass::BadFlag,
+            "max_num_batched_tokens (512) is smaller than max_model_len (2048)",
+        ),
+        (
+            "more sequences than batched tokens",
+            base.clone(),
+            with(
+                eager.clone(),
+                &[
+                    ("max_num_seqs", Value::Int(2048)),
+                    ("max_num_batched_tokens", Value::Int(1024)),
+                ],
+            ),
+            FailureClass::BadFlag,
+            "max_num_batched_tokens (1024) must be greater than or equal to max_num_seqs (2048)",
+        ),
+    ];
+    for (what, s, cfg, class, marker) in &shared {
+        let (rc, re) = start_failure(s, cfg, real.clone(), &model).await;
+        assert_eq!(rc, *class, "{what}: real vLLM: {re}");
+        let (mc, me) = start_failure(s, cfg, mock(), "m").await;
+        assert_eq!(mc, *class, "{what}: the mock: {me}");
+        assert_eq!(
+            from_marker(&me, marker),
+            from_marker(&re, marker),
+            "{what}: the mock's message differs from vLLM 0.32.0's"
+        );
+    }
+
+    // Only the real engine: a KV cache too small for one max-length request, and the CPU
+    // worker refusing a memory fraction the machine does not have free.
+    // 20 MB holds about 860 tokens of SmolLM2's KV cache, less than one 2,048-token request.
+    // (VLLM_CPU_KVCACHE_SPACE, when set, overrides the flag: vllm/platforms/cpu.py.)
+    let mut tiny_kv = fixed(&["--kv-cache-memory-bytes", "20000000"]);
+    tiny_kv.engine.env.remove("VLLM_CPU_KVCACHE_SPACE");
+    let (c, ev) = start_failure(&tiny_kv, &eager, real.clone(), &model).await;
+    assert_eq!(
+        c,
+        FailureClass::OutOfMemory {
+            phase: OomPhase::Startup
+        },
+        "{ev}"
+    );
+    assert!(
+        ev.contains("To serve at least one request with the model"),
+        "{ev}"
+    );
+    let mut no_kv_space = fixed(&["--gpu-memory-utilization", "0.995"]);
+    no_kv_space.engine.env.remove("VLLM_CPU_KVCACHE_SPACE");
+    let (c, ev) = start_failure(&no_kv_space, &eager, real, &model).await;
+    assert!(
+        matches!(c, FailureClass::OutOfMemory { .. })
+            && ev.contains("desired CPU memory utilization"),
+        "{c:?}: {ev}"
+    );
+}
+
+/// The shipped CPU study shrunk to two trials (the defaults and one more, two rounds each,
+/// a few short requests): it completes on the real engine, prints its verdict, and leaves no
+/// vLLM process and no engine record behind.
+#[test]
+fn the_shipped_vllm_study_completes_two_trials() {
+    if paths().is_none() {
+        return;
+    }
+    let _turn = TURN.blocking_lock();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("studies/vllm-cpu-smollm2.toml")).unwrap();
+    let smoke = common::shrink_to_smoke(&text, &root.join("search-spaces"), 2);
+    let dir = tempfile::tempdir().unwrap();
+    let studies = dir.path().join("studies");
+    std::fs::create_dir_all(&studies).unwrap();
+    let file = studies.join("smoke.toml");
+    std::fs::write(&file, smoke).unwrap();
+    let out = std::process::Command::new(BIN)
+        .args([
+            "tune",
+            file.to_str().unwrap(),
+            "--state",
+            dir.path().join("state").to_str().unwrap(),
+        ])
+        .env("SERVETUNE_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    assert!(
+        stderr.contains("trial 1/2 #0 [engine defaults (baseline)]"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("trial 2/2 #1"), "{stderr}");
+    assert!(stdout.contains("verdict: "), "{stdout}");
+    let store = Store::open(&dir.path().join("state").join("db")).unwrap();
+    assert!(store.engines().unwrap().is_empty(), "engine records left");
+    assert!(
+        common::engines_logging_under(dir.path()).is_empty(),
+        "vLLM processes left"
+    );
+}
