@@ -52,6 +52,21 @@ echo
 echo "Capacity (client pinned to 1 core, mock on the other): $(j "$OUT/cap_st.json" "round(d['servetune']['events']/d['servetune']['client_cpu_s'])") streamed events per client CPU-second; $(j "$OUT/cap_st.json" "round(d['servetune']['events']/d['duration'])") events/s achieved (target >= 100k per core)."
 echo
 
+# 1b. Client cost against a server that writes one event per packet, as real engines stream:
+#     guidellm's own mock-server at 0/0 ms (our mock coalesces events that are due together),
+#     the same 64 streams x 2048 requests x 64 tokens, every client against the same process.
+$GL mock-server --host 127.0.0.1 --port 18405 --ttft-ms 0 --itl-ms 0 --output-tokens 64 >/dev/null 2>&1 & pids+=($!)
+wait_http http://127.0.0.1:18405/health
+st_bench glcost_st http://127.0.0.1:18405 --tokenizer words --random-vocab-size 1000 --random-input-len 128 --random-output-len 64 --num-prompts 2048 --max-concurrency 64 --model m
+GL_SEED=3 bash "$PEER/guidellm_run.sh" http://127.0.0.1:18405 m 64 2048 64 "$OUT/glcost_gl.json" > "$OUT/glcost_gl.line"
+st2_cpu=$(j "$OUT/glcost_st.json" "d['servetune']['client_cpu_s']/d['total_output_tokens']*1e6")
+glm_cpu=$(kv "$OUT/glcost_gl.line" cpu_win_per_Mtok_s)
+echo "### Client cost against guidellm's mock-server (0/0 ms, one event per packet; 64 streams, 2048 x 64 tokens)"
+echo; row "client | CPU-s/Mtok | streamed events per client CPU-s | ratio to servetune"; row "---|---|---|---"
+row "servetune | $(printf %.1f "$st2_cpu") | $(j "$OUT/glcost_st.json" "round(d['servetune']['events']/d['servetune']['client_cpu_s'])") | 1.0"
+row "guidellm (default) | $glm_cpu | - | $(python3 -c "print(round($glm_cpu/$st2_cpu,1))")"
+echo
+
 # 2. Accuracy against guidellm's mock-server (50 ms TTFT, 10 ms ITL) at a load it keeps up with.
 $GL mock-server --host 127.0.0.1 --port 18402 --ttft-ms 50 --itl-ms 10 --output-tokens 64 >/dev/null 2>&1 & pids+=($!)
 wait_http http://127.0.0.1:18402/health

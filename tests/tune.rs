@@ -47,6 +47,7 @@ fn study_text_with(name: &str, optimizer: &str, extra: &str, slo: &str, params: 
 name = "{name}"
 model = "mock-8b"
 engines = "vllm"
+platform = "gpu"                  # the mock engine imitates vLLM on a GPU
 optimizer = "{optimizer}"
 seed = 3
 space_dir = "{spaces}"
@@ -329,6 +330,14 @@ fn bad_study_files_name_the_field() {
             study_text("x", "tpe", "[binaries]\nsglang = [\"x\"]"),
             "binaries.sglang",
         ),
+        (
+            study_text("x", "tpe", "[binaries]\nvllm = [\"@vlm\"]"),
+            "binaries.vllm",
+        ),
+        (
+            study_text("x", "tpe", "").replace("seed = 3", "seed = 3\nplatform = \"tpu\""),
+            "study.platform",
+        ),
     ];
     for (text, want) in cases {
         let err = Study::parse(&text, Path::new("bad.toml")).unwrap_err();
@@ -353,6 +362,7 @@ fn mock_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
 name = "{name}"
 model = "mock-8b-{name}"
 engines = "vllm"
+platform = "gpu"                  # the mock engine imitates vLLM on a GPU
 optimizer = "tpe"
 seed = 1
 space_dir = "{spaces}"
@@ -801,4 +811,16 @@ async fn the_report_of_a_study_matches_its_snapshot() {
     assert!(html.starts_with("<!doctype html>") && html.matches("<svg").count() >= 3);
     assert!(servetune::report::render(&store, "sim-report", "pdf", None).is_err());
     assert!(servetune::report::render(&store, "nope", "md", None).is_err());
+}
+
+/// `@vllm` and `@smollm2-hf` stand for what `servetune setup vllm` installs, in `[binaries]`
+/// and as the model.
+#[test]
+fn vllm_setup_aliases_resolve_to_the_installed_paths() {
+    let text = study_text("x", "tpe", "[binaries]\nvllm = [\"@vllm\"]")
+        .replace("model = \"mock-8b\"", "model = \"@smollm2-hf\"");
+    let s = Study::parse(&text, Path::new("x.toml")).unwrap();
+    let p = servetune::setup::VllmPaths::default_paths();
+    assert_eq!(s.spec.binaries["vllm"], vec![p.vllm.display().to_string()]);
+    assert_eq!(s.model, p.model.display().to_string());
 }

@@ -93,6 +93,7 @@ fn text(name: &str, params: &str, slo: &str, extra: &str) -> String {
 name = "{name}"
 model = "mock-8b"
 engines = "vllm"
+platform = "gpu"                  # the mock engine imitates vLLM on a GPU
 optimizer = "tpe"
 seed = 5
 space_dir = "{spaces}"

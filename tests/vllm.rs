@@ -158,6 +158,54 @@ async fn the_shipped_space_matches_the_real_help_and_version() {
         "flags of search-spaces/vllm.toml that vLLM 0.32.0 lacks: {:?}",
         found.missing_flags
     );
+
+    // Every default the help states (`(default: X)`, not `None`: those are resolved at start
+    // and cited in the file) equals the space's.
+    let out = std::process::Command::new(&p.vllm)
+        .args(["serve", "--help=all"])
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let mut checked = 0;
+    for param in &full.params {
+        let Some(flag) = &param.flag else { continue };
+        let Some(stated) = help_default(&help, flag) else {
+            continue;
+        };
+        if stated == "None" {
+            continue;
+        }
+        let ours = param.default.to_string();
+        let same = match (stated.parse::<f64>(), ours.parse::<f64>()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => stated.eq_ignore_ascii_case(&ours),
+        };
+        assert!(
+            same,
+            "{}: vLLM 0.32.0 says the default is {stated}, the space says {ours}",
+            param.name
+        );
+        checked += 1;
+    }
+    assert!(checked >= 6, "only {checked} defaults stated by the help");
+}
+
+/// The `(default: X)` of `flag`'s entry in argparse's help (wrapped lines joined).
+fn help_default(help: &str, flag: &str) -> Option<String> {
+    let mut lines = help.lines().skip_while(|l| {
+        let l = l.trim_start();
+        !(l.starts_with(&format!("{flag} ")) || l.starts_with(&format!("{flag},")) || l == flag)
+    });
+    let first = lines.next()?;
+    let mut entry = first.to_owned();
+    for l in lines.take_while(|l| !l.trim_start().starts_with("--")) {
+        entry.push(' ');
+        entry.push_str(l.trim());
+    }
+    let at = entry.find("(default:")?;
+    let rest = &entry[at + "(default:".len()..];
+    Some(rest[..rest.find(')')?].trim().to_owned())
 }
 
 /// A non-default CPU point starts through the trial launcher (the readiness ladder, the

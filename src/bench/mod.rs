@@ -96,7 +96,49 @@ pub struct BenchOutcome {
 }
 
 /// Runs the plan against the server.
+///
+/// The load generator runs on a runtime of its own: one OS thread with a current-thread tokio
+/// runtime. Every stream's connection task, body channel and request future then wake each
+/// other without crossing threads (no futex per streamed event), which is most of a client's
+/// cost against a server that writes one event per packet, and the caller's runtime (a study,
+/// the daemon's API) neither slows the client nor is slowed by it. Dropping the returned future
+/// aborts the run (in-flight requests are cancelled, nothing more is sent).
 pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
+    /// Aborts the run unless disarmed (the caller dropped the future before the result came).
+    struct AbortOnDrop(Option<Arc<AbortSignal>>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            if let Some(a) = self.0.take() {
+                a.abort();
+            }
+        }
+    }
+    let abort = Arc::new(AbortSignal::default());
+    let inner = abort.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("servetune-load".into())
+        .spawn(move || {
+            let out = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(run_here(plan, inner)),
+                Err(e) => Err(BenchError::Internal(format!(
+                    "cannot start the load generator's runtime: {e}"
+                ))),
+            };
+            let _ = tx.send(out);
+        })
+        .map_err(|e| BenchError::Internal(format!("cannot start the load generator: {e}")))?;
+    let mut guard = AbortOnDrop(Some(abort));
+    let out = rx.await;
+    guard.0 = None;
+    out.map_err(|_| BenchError::Internal("the load generator thread panicked".into()))?
+}
+
+/// `run`'s body, on the load generator's own thread.
+async fn run_here(plan: BenchPlan, abort: Arc<AbortSignal>) -> Result<BenchOutcome, BenchError> {
     let shape = &plan.shape;
     if shape.closed_loop && shape.max_concurrency.is_none() {
         return Err(BenchError::Config(
@@ -112,7 +154,6 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
     let max_concurrency = shape.max_concurrency;
     let http = client::http_client(conc)?;
     let tpl = Arc::new(plan.template.clone());
-    let abort = Arc::new(AbortSignal::default());
     let sem = shape.max_concurrency.map(|c| Arc::new(Semaphore::new(c)));
 
     // Warm-up: copies of the first prompt, sent at once under the same concurrency limit.

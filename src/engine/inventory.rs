@@ -25,7 +25,7 @@ pub struct Installed {
     pub note: Option<String>,
 }
 
-/// `binary` on PATH (or as a path), else servetune's cached build for llama-server.
+/// `binary` on PATH (or as a path), else what `servetune setup` installed (llama-server, vllm).
 pub fn resolve_binary(binary: &str) -> Option<PathBuf> {
     let p = Path::new(binary);
     if p.components().count() > 1 {
@@ -39,13 +39,13 @@ pub fn resolve_binary(binary: &str) -> Option<PathBuf> {
             }
         }
     }
-    if binary == "llama-server" {
-        let cached = crate::setup::LlamaPaths::default_paths().server;
-        if is_executable(&cached) {
-            return Some(cached);
-        }
-    }
-    None
+    // What `servetune setup` installed, when nothing on PATH has the name.
+    let cached = match binary {
+        "llama-server" => crate::setup::LlamaPaths::default_paths().server,
+        "vllm" => crate::setup::VllmPaths::default_paths().vllm,
+        _ => return None,
+    };
+    is_executable(&cached).then_some(cached)
 }
 
 fn is_executable(p: &Path) -> bool {

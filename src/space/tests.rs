@@ -463,3 +463,128 @@ fn versions_are_read_from_version_output() {
     );
     assert_eq!(parse_version("no digits here"), None);
 }
+
+const PLATFORMS_SPACE: &str = r#"
+[engine]
+name = "p"
+binary = "p-serve"
+argv = ["{binary}", "--port", "{port}"]
+env = { A = "1", C_ENV = "from-engine" }
+
+[[param]]
+name = "seqs"
+flag = "--seqs"
+type = "int"
+min = 8
+max = 2048
+default = 1024
+platform_default = { cpu = 128 }
+source = "test"
+
+[[param]]
+name = "graphs"
+flag = "--graphs"
+type = "bool"
+render = "switch"
+default = true
+platform = "gpu"
+source = "test"
+
+[[param]]
+name = "graph_size"
+flag = "--graph-size"
+type = "int"
+min = 1
+max = 8
+default = 4
+when = { graphs = true }
+source = "test"
+
+[[param]]
+name = "bind"
+env = "C_ENV"
+type = "categorical"
+values = ["none", "all"]
+default = "none"
+platform = "cpu"
+source = "test"
+"#;
+
+/// A CPU study's space has no GPU-only parameter (nor those that depend on one), the CPU's
+/// own parameters, and the CPU defaults; a GPU study's the other way round. Bad platform
+/// names and platform defaults outside the range are errors naming the parameter.
+#[test]
+fn platform_parameters_and_defaults_follow_the_platform() {
+    let s = Space::parse(PLATFORMS_SPACE, "p.toml").unwrap();
+    let (cpu, gone) = s.for_platform("cpu").unwrap();
+    assert_eq!(gone, vec!["graphs".to_string(), "graph_size".to_string()]);
+    let d = cpu.defaults();
+    assert_eq!(d.get("seqs"), Some(&Value::Int(128)));
+    assert!(d.contains_key("bind") && !d.contains_key("graphs"));
+    // The CPU default renders as the bare command there; the GPU default does not.
+    let mut at_gpu_default = d.clone();
+    at_gpu_default.insert("seqs".into(), Value::Int(1024));
+    let r = cpu.render(&at_gpu_default, &ctx("m")).unwrap();
+    assert!(r.argv.join(" ").contains("--seqs 1024"), "{:?}", r.argv);
+    assert!(!cpu
+        .render(&d, &ctx("m"))
+        .unwrap()
+        .argv
+        .contains(&"--seqs".to_string()));
+
+    let (gpu, gone) = s.for_platform("gpu").unwrap();
+    assert_eq!(gone, vec!["bind".to_string()]);
+    assert_eq!(gpu.defaults().get("seqs"), Some(&Value::Int(1024)));
+    assert!(gpu.defaults().contains_key("graph_size"));
+    assert!(s
+        .for_platform("tpu")
+        .unwrap_err()
+        .to_string()
+        .contains("tpu"));
+
+    let bad = PLATFORMS_SPACE.replace("platform = \"gpu\"", "platform = \"tpu\"");
+    let e = Space::parse(&bad, "p.toml").unwrap_err().to_string();
+    assert!(e.contains("graphs") && e.contains("tpu"), "{e}");
+    let bad = PLATFORMS_SPACE.replace("{ cpu = 128 }", "{ cpu = 4096 }");
+    let e = Space::parse(&bad, "p.toml").unwrap_err().to_string();
+    assert!(
+        e.contains("seqs") && e.contains("platform_default.cpu"),
+        "{e}"
+    );
+    let bad = PLATFORMS_SPACE.replace("{ cpu = 128 }", "{ npu = 128 }");
+    let e = Space::parse(&bad, "p.toml").unwrap_err().to_string();
+    assert!(e.contains("npu"), "{e}");
+}
+
+/// The engine file's environment, a study's over it, and a parameter's over both (once).
+#[test]
+fn engine_study_and_parameter_environment_layer() {
+    let mut s = Space::parse(PLATFORMS_SPACE, "p.toml")
+        .unwrap()
+        .for_platform("cpu")
+        .unwrap()
+        .0;
+    s.set_env(
+        &[("A", "3"), ("B", "2")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    let env = |cfg: &Config| {
+        let mut e = s.render(cfg, &ctx("m")).unwrap().env;
+        e.sort();
+        e
+    };
+    let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+    let d = s.defaults();
+    assert_eq!(
+        env(&d),
+        vec![pair("A", "3"), pair("B", "2"), pair("C_ENV", "from-engine")]
+    );
+    let mut all = d.clone();
+    all.insert("bind".into(), Value::Str("all".into()));
+    assert_eq!(
+        env(&all),
+        vec![pair("A", "3"), pair("B", "2"), pair("C_ENV", "all")]
+    );
+}
