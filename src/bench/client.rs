@@ -194,12 +194,51 @@ pub const SEND_ATTEMPTS: usize = 3;
 
 #[derive(Deserialize)]
 struct StreamChunk<'a> {
+    /// The first choice only (vLLM's client reads `choices[0]`); read without collecting the
+    /// array, so an event costs no allocation unless its text has escapes.
     #[serde(borrow, default)]
-    choices: Option<Vec<Choice<'a>>>,
+    choices: FirstChoice<'a>,
     #[serde(default)]
     usage: Option<Usage>,
     #[serde(default)]
     error: Option<Value>,
+}
+
+/// The first element of the `choices` array (`None` for `null`, an empty or absent array).
+#[derive(Default)]
+struct FirstChoice<'a>(Option<Choice<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for V<'a> {
+            type Value = FirstChoice<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of choices or null")
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(FirstChoice(None))
+            }
+            fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+                Ok(FirstChoice(None))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                d.deserialize_seq(self)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let first = seq.next_element::<Choice<'a>>()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(FirstChoice(first))
+            }
+        }
+        d.deserialize_option(V(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -294,7 +333,7 @@ impl StreamState {
                 self.rec.server_output_tokens = Some(n);
             }
         }
-        let Some(choice) = chunk.choices.into_iter().flatten().next() else {
+        let Some(choice) = chunk.choices.0 else {
             return;
         };
         if choice.finish_reason.is_some() {
@@ -614,6 +653,31 @@ mod tests {
         assert_eq!(s.text, "x\"y");
         assert_eq!(s.rec.server_output_tokens, Some(2));
         assert_eq!(s.rec.itl_s.len(), 1);
+    }
+
+    /// Only `choices[0]` counts; `null`, `[]` and an absent `choices` are events without one,
+    /// and a malformed later choice still fails the event.
+    #[test]
+    fn the_first_choice_is_read_and_the_rest_skipped() {
+        let mut s = state();
+        s.on_event(r#"{"choices":null,"usage":{"prompt_tokens":3}}"#, 0.1);
+        s.on_event(r#"{"id":"x"}"#, 0.15);
+        assert_eq!(s.rec.ttft_s, 0.0);
+        assert_eq!(s.rec.server_prompt_tokens, Some(3));
+        s.on_event(
+            r#"{"choices":[{"text":"a"},{"text":"b","extra":[1,{"k":2}]}]}"#,
+            0.2,
+        );
+        s.on_event(
+            r#"{"choices":[{"text":"c","finish_reason":"length"}]}"#,
+            0.3,
+        );
+        assert_eq!(s.text, "ac");
+        assert_eq!(s.rec.ttft_s, 0.2);
+        assert!(s.finished && s.error.is_none());
+        let mut s = state();
+        s.on_event(r#"{"choices":[{"text":"a"},{"text":]}"#, 0.2);
+        assert!(matches!(s.error, Some((FailureKind::MalformedStream, _))));
     }
 
     #[test]

@@ -602,7 +602,12 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
                 };
                 let adj = c
                     .p_adjusted
-                    .map(|p| format!(" (Holm-adjusted p = {p:.4})"))
+                    .map(|p| {
+                        format!(
+                            " (Holm-adjusted one-sided p = {p:.4} against {})",
+                            crate::tune::decide::ALPHA
+                        )
+                    })
                     .unwrap_or_default();
                 let note = match (&c.disqualified, &c.diff) {
                     (Some(why), _) => why.clone(),

@@ -765,11 +765,12 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                     Some(c) => {
                         let d = c.diff.as_ref().expect("closest has a diff");
                         format!(
-                            "keep the defaults: no candidate beats them significantly after correcting for {m} candidate(s); the best, trial #{}, is {} over {} rounds (Holm-adjusted p = {:.3})",
+                            "keep the defaults: no candidate beats them significantly after correcting for {m} candidate(s); the best, trial #{}, is {} over {} rounds (Holm-adjusted one-sided p = {:.3} against {})",
                             c.candidate,
                             pct(d),
                             rounds(c),
-                            c.p_adjusted.unwrap_or(f64::NAN)
+                            c.p_adjusted.unwrap_or(f64::NAN),
+                            rules.alpha
                         )
                     }
                     None => {
