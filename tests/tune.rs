@@ -335,7 +335,7 @@ fn bad_study_files_name_the_field() {
             "binaries.vllm",
         ),
         (
-            study_text("x", "tpe", "").replace("seed = 3", "seed = 3\nplatform = \"tpu\""),
+            study_text("x", "tpe", "").replace("platform = \"gpu\"", "platform = \"tpu\""),
             "study.platform",
         ),
     ];
