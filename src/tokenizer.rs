@@ -28,10 +28,30 @@ pub enum TokenizerError {
     },
     #[error("the vocabulary size is unknown: the server's /v1/models does not report meta.n_vocab and names no local model directory; pass --tokenizer DIR (a Hugging Face tokenizer) or --random-vocab-size")]
     UnknownVocab,
+    /// A local Hugging Face tokenizer that cannot be found, read or used.
     #[error("tokenizer {path}: {message}")]
-    Load { path: String, message: String },
-    #[error("tokenizer {path}: {message}")]
-    Hf { path: String, message: String },
+    Local { path: String, message: String },
+}
+
+/// The `tokenizer.json` a local path means: the file itself, or the one inside a directory.
+fn tokenizer_file(path: &Path) -> Result<PathBuf, TokenizerError> {
+    let err = |message: &str| TokenizerError::Local {
+        path: path.display().to_string(),
+        message: message.into(),
+    };
+    if path.is_dir() {
+        let f = path.join("tokenizer.json");
+        return if f.is_file() {
+            Ok(f)
+        } else {
+            Err(err("the directory has no tokenizer.json (only Hugging Face fast tokenizers are supported)"))
+        };
+    }
+    if path.is_file() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(err("no such file or directory"))
+    }
 }
 
 /// A Hugging Face tokenizer (`tokenizer.json`), loaded from local files only.
@@ -57,23 +77,11 @@ impl std::fmt::Debug for HfTokenizer {
 impl HfTokenizer {
     /// Loads `tokenizer.json` (a file, or the file inside a directory).
     pub fn load(path: &Path) -> Result<Self, TokenizerError> {
-        let file = if path.is_dir() {
-            path.join("tokenizer.json")
-        } else {
-            path.to_path_buf()
-        };
-        let err = |message: String| TokenizerError::Load {
+        let file = tokenizer_file(path)?;
+        let err = |message: String| TokenizerError::Local {
             path: file.display().to_string(),
             message,
         };
-        if !file.is_file() {
-            return Err(err(if path.is_dir() {
-                "the directory has no tokenizer.json (only Hugging Face fast tokenizers are supported)"
-                    .into()
-            } else {
-                "no such file or directory".into()
-            }));
-        }
         let inner = tokenizers::Tokenizer::from_file(&file).map_err(|e| err(e.to_string()))?;
         let vocab_size = inner.get_vocab_size(false) as u32;
         if vocab_size < 2 {
@@ -87,7 +95,7 @@ impl HfTokenizer {
     }
 
     fn hf_err(&self, e: tokenizers::Error) -> TokenizerError {
-        TokenizerError::Hf {
+        TokenizerError::Local {
             path: self.path.display().to_string(),
             message: e.to_string(),
         }
@@ -123,26 +131,9 @@ fn hf_hub_cache() -> Option<PathBuf> {
 /// that does not hold a tokenizer.
 pub fn locate(name: &str, hub_cache: Option<&Path>) -> Result<Option<PathBuf>, TokenizerError> {
     let p = Path::new(name);
-    if p.exists() {
-        let file = if p.is_dir() {
-            p.join("tokenizer.json")
-        } else {
-            p.to_path_buf()
-        };
-        return if file.is_file() {
-            Ok(Some(file))
-        } else {
-            Err(TokenizerError::Load {
-                path: name.to_owned(),
-                message: "the directory has no tokenizer.json (only Hugging Face fast tokenizers are supported)".into(),
-            })
-        };
-    }
-    if p.is_absolute() || name.starts_with('.') || name.starts_with('~') {
-        return Err(TokenizerError::Load {
-            path: name.to_owned(),
-            message: "no such file or directory".into(),
-        });
+    // A path (it exists, or it can only be one) is a local tokenizer or an error naming it.
+    if p.exists() || p.is_absolute() || name.starts_with('.') || name.starts_with('~') {
+        return tokenizer_file(p).map(Some);
     }
     let Some(cache) = hub_cache else {
         return Ok(None);

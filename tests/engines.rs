@@ -13,42 +13,15 @@ use servetune::engine::inventory;
 use servetune::engine::launch::{launch, Ladder, LaunchError, LaunchSpec, Rung};
 use servetune::engine::process::group_alive;
 use servetune::engine::reap::{groups_with_tag, reap};
-use servetune::engine::trial::{Launcher, TrialEngine, TrialError};
-use servetune::space::{Config, Space, Value};
+use servetune::engine::trial::TrialEngine;
+use servetune::space::{Space, Value};
 use servetune::store::Store;
-use servetune::telemetry::Telemetry;
 
 mod common;
-
-const BIN: &str = env!("CARGO_BIN_EXE_servetune");
 
 fn space(engine: &str) -> Space {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces");
     Space::load(&dir.join(format!("{engine}.toml"))).unwrap()
-}
-
-/// The mock imitating `profile` with extra mock flags, as the `{binary}` of the engine files.
-fn mock(profile: &str, extra: &[&str]) -> Vec<String> {
-    let mut v: Vec<String> = [
-        BIN,
-        "mock-engine",
-        "--profile",
-        profile,
-        "--mock-startup-s",
-        "0.1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    v.extend(extra.iter().map(|s| s.to_string()));
-    v.push("--".into());
-    v
-}
-
-fn launcher(store: Option<Store>, binary: Vec<String>) -> Launcher {
-    let mut l = Launcher::new(store, Telemetry::off());
-    l.binary = Some(binary);
-    l
 }
 
 /// Short rung limits for the mock (the files' own are minutes, for real engines).
@@ -59,39 +32,14 @@ fn quick(mut s: Space) -> Space {
     s
 }
 
-fn with(mut cfg: Config, kv: &[(&str, Value)]) -> Config {
-    for (k, v) in kv {
-        cfg.insert(k.to_string(), v.clone());
-    }
-    cfg
-}
-
 /// The mock imitating `engine`, started with the defaults in trial directory `dir` through a
 /// launcher recording in `store`.
 async fn running_defaults(engine: &str, store: &Store, dir: &Path) -> TrialEngine {
     let s = quick(space(engine));
-    launcher(Some(store.clone()), mock(engine, &[]))
+    common::launcher(Some(store.clone()), common::mock_engine(engine, &[]))
         .start(&s, &s.defaults(), "m", dir)
         .await
         .unwrap()
-}
-
-async fn start_failure(
-    s: &Space,
-    cfg: &Config,
-    binary: Vec<String>,
-) -> (Rung, FailureClass, String) {
-    let dir = tempfile::tempdir().unwrap();
-    match launcher(None, binary).start(s, cfg, "m", dir.path()).await {
-        Err(TrialError::Launch(LaunchError::Failed { rung, failure, .. })) => {
-            (rung, failure.class, failure.evidence)
-        }
-        Err(e) => panic!("unexpected error {e}"),
-        Ok(e) => {
-            let _ = e.stop();
-            panic!("expected a start-up failure")
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,10 +60,10 @@ async fn every_shipped_engine_launches_serves_and_leaves_nothing() {
         } else {
             &[]
         };
-        let l = launcher(Some(store.clone()), mock(engine, hw));
+        let l = common::launcher(Some(store.clone()), common::mock_engine(engine, hw));
         // A non-default point, so that flags, JSON groups and the YAML file all reach the mock.
         let cfg = match engine {
-            "vllm" => with(
+            "vllm" => common::with(
                 s.defaults(),
                 &[
                     ("max_num_seqs", Value::Int(64)),
@@ -124,21 +72,21 @@ async fn every_shipped_engine_launches_serves_and_leaves_nothing() {
                     ("prompt_lookup_max", Value::Int(4)),
                 ],
             ),
-            "trtllm" => with(
+            "trtllm" => common::with(
                 s.defaults(),
                 &[
                     ("kv_cache_reuse", Value::Bool(false)),
                     ("enable_chunked_prefill", Value::Bool(true)),
                 ],
             ),
-            "llamacpp" => with(
+            "llamacpp" => common::with(
                 s.defaults(),
                 &[
                     ("parallel", Value::Int(2)),
                     ("cont_batching", Value::Bool(false)),
                 ],
             ),
-            _ => with(s.defaults(), &[("max_running_requests", Value::Int(32))]),
+            _ => common::with(s.defaults(), &[("max_running_requests", Value::Int(32))]),
         };
         let mut cfg = cfg;
         s.prune(&mut cfg);
@@ -212,12 +160,17 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     let d = vllm.defaults();
 
     // A flag the (faked, older) engine does not have.
-    let cfg = with(
+    let cfg = common::with(
         d.clone(),
         &[("performance_mode", Value::Str("throughput".into()))],
     );
-    let (rung, class, ev) =
-        start_failure(&vllm, &cfg, mock("vllm", &["--mock-version", "0.16.0"])).await;
+    let (rung, class, ev) = common::start_failure(
+        &vllm,
+        &cfg,
+        common::mock_engine("vllm", &["--mock-version", "0.16.0"]),
+        "m",
+    )
+    .await;
     assert_eq!((rung, class), (Rung::Alive, FailureClass::BadFlag));
     // argparse lists the value after the unknown flag too (as real vLLM 0.32.0 does).
     assert_eq!(
@@ -226,10 +179,11 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     );
 
     // Weights larger than the GPU: torch OOM at start.
-    let (_, class, ev) = start_failure(
+    let (_, class, ev) = common::start_failure(
         &vllm,
         &d,
-        mock("vllm", &["--mock-hardware", "l4", "--mock-model", "32b"]),
+        common::mock_engine("vllm", &["--mock-hardware", "l4", "--mock-model", "32b"]),
+        "m",
     )
     .await;
     assert_eq!(
@@ -247,7 +201,8 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     let mut long = vllm.clone();
     long.set_vars(&BTreeMap::from([("max_model_len".to_string(), 4_000_000)]))
         .unwrap();
-    let (_, class, ev) = start_failure(&long, &d, mock("vllm", &[])).await;
+    let (_, class, ev) =
+        common::start_failure(&long, &d, common::mock_engine("vllm", &[]), "m").await;
     assert_eq!(
         class,
         FailureClass::OutOfMemory {
@@ -260,14 +215,15 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     );
 
     // Almost all memory to the KV cache, big batches: out of memory while capturing graphs.
-    let cfg = with(
+    let cfg = common::with(
         d.clone(),
         &[
             ("gpu_memory_utilization", Value::Float(0.97)),
             ("max_num_seqs", Value::Int(1024)),
         ],
     );
-    let (_, class, ev) = start_failure(&vllm, &cfg, mock("vllm", &[])).await;
+    let (_, class, ev) =
+        common::start_failure(&vllm, &cfg, common::mock_engine("vllm", &[]), "m").await;
     assert_eq!(
         class,
         FailureClass::OutOfMemory {
@@ -277,8 +233,9 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     );
 
     // Tensor parallelism beyond the node's GPUs.
-    let cfg = with(d.clone(), &[("tensor_parallel_size", Value::Int(2))]);
-    let (_, class, ev) = start_failure(&vllm, &cfg, mock("vllm", &[])).await;
+    let cfg = common::with(d.clone(), &[("tensor_parallel_size", Value::Int(2))]);
+    let (_, class, ev) =
+        common::start_failure(&vllm, &cfg, common::mock_engine("vllm", &[]), "m").await;
     assert_eq!(class, FailureClass::Unsupported);
     assert!(
         ev.contains("World size (2) is larger than the number of available GPUs (1)"),
@@ -287,12 +244,17 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
 
     // FP8 on a GPU without FP8 kernels (TensorRT-LLM#4599).
     let trt = quick(space("trtllm"));
-    let cfg = with(
+    let cfg = common::with(
         trt.defaults(),
         &[("kv_cache_dtype", Value::Str("fp8".into()))],
     );
-    let (_, class, ev) =
-        start_failure(&trt, &cfg, mock("trtllm", &["--mock-hardware", "a100"])).await;
+    let (_, class, ev) = common::start_failure(
+        &trt,
+        &cfg,
+        common::mock_engine("trtllm", &["--mock-hardware", "a100"]),
+        "m",
+    )
+    .await;
     assert_eq!(class, FailureClass::Unsupported);
     assert!(
         ev.contains("Unsupported SM version for FP8 block scaling GEMM"),
@@ -301,11 +263,12 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
 
     // SGLang with too small a static pool.
     let sg = quick(space("sglang"));
-    let cfg = with(
+    let cfg = common::with(
         sg.defaults(),
         &[("mem_fraction_static", Value::Float(0.15))],
     );
-    let (_, class, ev) = start_failure(&sg, &cfg, mock("sglang", &[])).await;
+    let (_, class, ev) =
+        common::start_failure(&sg, &cfg, common::mock_engine("sglang", &[]), "m").await;
     assert_eq!(
         class,
         FailureClass::OutOfMemory {
@@ -318,7 +281,7 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = holder.local_addr().unwrap().port();
     let dir = tempfile::tempdir().unwrap();
-    let mut argv = mock(
+    let mut argv = common::mock_engine(
         "llamacpp",
         &["--mock-hardware", "cpu", "--mock-model", "135m"],
     );
@@ -356,7 +319,7 @@ async fn an_engine_that_dies_mid_benchmark_is_an_oom_during_the_run() {
     // Nearly all memory static, 16k-token prefill chunks: a burst of long prompts needs more
     // activation memory than is left, and the engine dies with torch's message.
     let sg = quick(space("sglang"));
-    let cfg = with(
+    let cfg = common::with(
         sg.defaults(),
         &[
             ("mem_fraction_static", Value::Float(0.95)),
@@ -364,7 +327,7 @@ async fn an_engine_that_dies_mid_benchmark_is_an_oom_during_the_run() {
         ],
     );
     let dir = tempfile::tempdir().unwrap();
-    let l = launcher(None, mock("sglang", &[]));
+    let l = common::launcher(None, common::mock_engine("sglang", &[]));
     let mut e = l.start(&sg, &cfg, "m", dir.path()).await.unwrap();
     let out = common::bench_at(
         &e.base_url,
@@ -404,7 +367,7 @@ async fn version_gates_and_help_probing_see_what_the_installed_engine_has() {
     let vllm = space("vllm");
     let old = inventory::probe(
         &vllm,
-        Some(&mock("vllm", &["--mock-version", "0.16.0"])),
+        Some(&common::mock_engine("vllm", &["--mock-version", "0.16.0"])),
         Duration::from_secs(20),
     )
     .await;
@@ -414,13 +377,18 @@ async fn version_gates_and_help_probing_see_what_the_installed_engine_has() {
         vec!["performance_mode".to_string()],
         "{old:?}"
     );
-    let new = inventory::probe(&vllm, Some(&mock("vllm", &[])), Duration::from_secs(20)).await;
+    let new = inventory::probe(
+        &vllm,
+        Some(&common::mock_engine("vllm", &[])),
+        Duration::from_secs(20),
+    )
+    .await;
     assert_eq!(new.version.as_deref(), Some("0.17.1"));
     assert!(new.missing_flags.is_empty(), "{new:?}");
     // trtllm-serve has no --version: the banner of its --help carries it.
     let trt = inventory::probe(
         &space("trtllm"),
-        Some(&mock("trtllm", &["--mock-version", "1.1.0"])),
+        Some(&common::mock_engine("trtllm", &["--mock-version", "1.1.0"])),
         Duration::from_secs(20),
     )
     .await;

@@ -217,28 +217,9 @@ fn the_shipped_llama_study_completes_a_smoke_run() {
     if paths().is_none() {
         return;
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text =
-        std::fs::read_to_string(root.join("studies/llamacpp-smollm2-sharegpt.toml")).unwrap();
-    let smoke = common::shrink_to_smoke(&text, &root.join("search-spaces"), 3);
-    let dir = tempfile::tempdir().unwrap();
-    let studies = dir.path().join("studies");
-    std::fs::create_dir_all(&studies).unwrap();
-    let file = studies.join("smoke.toml");
-    std::fs::write(&file, smoke).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_servetune"))
-        .args([
-            "tune",
-            file.to_str().unwrap(),
-            "--state",
-            dir.path().join("state").to_str().unwrap(),
-        ])
-        .env("SERVETUNE_LOG", "warn")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stderr}\n{stdout}");
+    let run = common::run_smoke_study("llamacpp-smollm2-sharegpt", 3);
+    let (dir, stderr, stdout) = (&run.dir, &run.stderr, &run.stdout);
+    assert!(run.status.success(), "{stderr}\n{stdout}");
     assert!(
         stderr.contains("trial 1/3 #0 [engine defaults (baseline)]"),
         "{stderr}"

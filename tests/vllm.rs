@@ -13,15 +13,10 @@ use std::time::Duration;
 
 use servetune::engine::failure::{FailureClass, OomPhase};
 use servetune::engine::inventory;
-use servetune::engine::launch::LaunchError;
 use servetune::engine::process::group_running;
-use servetune::engine::trial::{Launcher, TrialError};
 use servetune::setup::VllmPaths;
 use servetune::space::{Config, Space, Value};
 use servetune::store::Store;
-use servetune::telemetry::Telemetry;
-
-const BIN: &str = env!("CARGO_BIN_EXE_servetune");
 
 /// Held by each test for its whole run (an async lock: the tests hold it across awaits).
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -55,58 +50,6 @@ fn cpu_space() -> Space {
             .collect(),
     );
     s.for_platform("cpu").unwrap().0
-}
-
-fn launcher(store: Option<Store>, binary: Vec<String>) -> Launcher {
-    let mut l = Launcher::new(store, Telemetry::off());
-    l.binary = Some(binary);
-    l
-}
-
-fn mock() -> Vec<String> {
-    [
-        BIN,
-        "mock-engine",
-        "--profile",
-        "vllm",
-        "--mock-startup-s",
-        "0.1",
-        "--",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-fn with(mut cfg: Config, kv: &[(&str, Value)]) -> Config {
-    for (k, v) in kv {
-        cfg.insert(k.to_string(), v.clone());
-    }
-    cfg
-}
-
-/// The failure a start of `cfg` ends in: class and the log line that proved it.
-async fn start_failure(
-    s: &Space,
-    cfg: &Config,
-    binary: Vec<String>,
-    model: &str,
-) -> (FailureClass, String) {
-    let dir = tempfile::tempdir().unwrap();
-    match launcher(None, binary)
-        .start(s, cfg, model, dir.path())
-        .await
-    {
-        Err(TrialError::Launch(LaunchError::Failed { failure, .. })) => {
-            (failure.class, failure.evidence)
-        }
-        Err(e) => panic!("unexpected error {e}"),
-        Ok(e) => {
-            let argv = e.rendered.display();
-            let _ = e.stop();
-            panic!("expected a start-up failure: {argv}")
-        }
-    }
 }
 
 /// The part of an evidence line from `marker` on, without pydantic's trailing
@@ -220,8 +163,8 @@ async fn real_vllm_launches_benchmarks_and_exposes_the_spaces_metrics() {
     let s = cpu_space();
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(tmp.path()).unwrap();
-    let l = launcher(Some(store.clone()), vec![p.vllm.display().to_string()]);
-    let cfg = with(
+    let l = common::launcher(Some(store.clone()), vec![p.vllm.display().to_string()]);
+    let cfg = common::with(
         s.defaults(),
         &[
             ("enforce_eager", Value::Bool(true)),
@@ -289,7 +232,7 @@ async fn real_vllm_launches_benchmarks_and_exposes_the_spaces_metrics() {
     assert!(!group_running(pgid), "vLLM processes left running");
     assert!(store.engines().unwrap().is_empty());
 
-    let m = launcher(None, mock())
+    let m = common::launcher(None, common::mock_engine("vllm", &[]))
         .start(&s, &s.defaults(), "m", tmp.path())
         .await
         .unwrap();
@@ -312,7 +255,7 @@ async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
     let model = p.model.display().to_string();
     let real = vec![p.vllm.display().to_string()];
     let base = cpu_space();
-    let eager = with(base.defaults(), &[("enforce_eager", Value::Bool(true))]);
+    let eager = common::with(base.defaults(), &[("enforce_eager", Value::Bool(true))]);
     let fixed = |extra: &[&str]| {
         let mut s = base.clone();
         s.engine.fixed.extend(extra.iter().map(|a| a.to_string()));
@@ -337,7 +280,7 @@ async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
         (
             "batched tokens below max_model_len without chunked prefill",
             base.clone(),
-            with(
+            common::with(
                 eager.clone(),
                 // max_num_seqs named: the mock imitates vLLM on a GPU, where its default (1024)
                 // would trip the other check first.
@@ -353,7 +296,7 @@ async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
         (
             "more sequences than batched tokens",
             base.clone(),
-            with(
+            common::with(
                 eager.clone(),
                 &[
                     ("max_num_seqs", Value::Int(2048)),
@@ -365,9 +308,10 @@ async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
         ),
     ];
     for (what, s, cfg, class, marker) in &shared {
-        let (rc, re) = start_failure(s, cfg, real.clone(), &model).await;
+        let (_, rc, re) = common::start_failure(s, cfg, real.clone(), &model).await;
         assert_eq!(rc, *class, "{what}: real vLLM: {re}");
-        let (mc, me) = start_failure(s, cfg, mock(), "m").await;
+        let (_, mc, me) =
+            common::start_failure(s, cfg, common::mock_engine("vllm", &[]), "m").await;
         assert_eq!(mc, *class, "{what}: the mock: {me}");
         assert_eq!(
             from_marker(&me, marker),
@@ -382,7 +326,7 @@ async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
     // (VLLM_CPU_KVCACHE_SPACE, when set, overrides the flag: vllm/platforms/cpu.py.)
     let mut tiny_kv = fixed(&["--kv-cache-memory-bytes", "20000000"]);
     tiny_kv.engine.env.remove("VLLM_CPU_KVCACHE_SPACE");
-    let (c, ev) = start_failure(&tiny_kv, &eager, real.clone(), &model).await;
+    let (_, c, ev) = common::start_failure(&tiny_kv, &eager, real.clone(), &model).await;
     assert_eq!(
         c,
         FailureClass::OutOfMemory {
@@ -396,7 +340,7 @@ async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
     );
     let mut no_kv_space = fixed(&["--gpu-memory-utilization", "0.995"]);
     no_kv_space.engine.env.remove("VLLM_CPU_KVCACHE_SPACE");
-    let (c, ev) = start_failure(&no_kv_space, &eager, real, &model).await;
+    let (_, c, ev) = common::start_failure(&no_kv_space, &eager, real, &model).await;
     assert!(
         matches!(c, FailureClass::OutOfMemory { .. })
             && ev.contains("desired CPU memory utilization"),
@@ -413,27 +357,9 @@ fn the_shipped_vllm_study_completes_two_trials() {
         return;
     }
     let _turn = TURN.blocking_lock();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("studies/vllm-cpu-smollm2.toml")).unwrap();
-    let smoke = common::shrink_to_smoke(&text, &root.join("search-spaces"), 2);
-    let dir = tempfile::tempdir().unwrap();
-    let studies = dir.path().join("studies");
-    std::fs::create_dir_all(&studies).unwrap();
-    let file = studies.join("smoke.toml");
-    std::fs::write(&file, smoke).unwrap();
-    let out = std::process::Command::new(BIN)
-        .args([
-            "tune",
-            file.to_str().unwrap(),
-            "--state",
-            dir.path().join("state").to_str().unwrap(),
-        ])
-        .env("SERVETUNE_LOG", "warn")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stderr}\n{stdout}");
+    let run = common::run_smoke_study("vllm-cpu-smollm2", 2);
+    let (dir, stderr, stdout) = (&run.dir, &run.stderr, &run.stdout);
+    assert!(run.status.success(), "{stderr}\n{stdout}");
     assert!(
         stderr.contains("trial 1/2 #0 [engine defaults (baseline)]"),
         "{stderr}"

@@ -336,9 +336,17 @@ impl BenchArgs {
     ) -> Result<(BenchPlan, RunInfo), BenchError> {
         self.validate()?;
         let base = self.base_url();
-        let model = match &self.model {
-            Some(m) => m.clone(),
-            None => first_model(&base).await?,
+        // The server's model list, fetched once: it names the default model and, for vLLM and
+        // SGLang, the directory of the served model's tokenizer.
+        let listing = if self.model.is_none() || self.tokenizer.is_none() {
+            Some(list_models(&base).await)
+        } else {
+            None
+        };
+        let model = match (&self.model, &listing) {
+            (Some(m), _) => m.clone(),
+            (None, Some(l)) => first_model(l)?,
+            (None, None) => unreachable!("listed when --model is absent"),
         };
         let served = self
             .served_model_name
@@ -357,7 +365,11 @@ impl BenchArgs {
                     Tokenizer::Remote(RemoteTokenizer::new(&base, &served))
                 }
             },
-            None => match served_model_tokenizer(&base, &model).await {
+            None => match listing
+                .as_ref()
+                .and_then(|l| l.as_ref().ok())
+                .and_then(|l| served_model_tokenizer(l, &model))
+            {
                 Some(t) => {
                     tracing::debug!("tokenizer: {} (the served model's)", t.path.display());
                     Tokenizer::Hf(t)
@@ -376,7 +388,6 @@ impl BenchArgs {
         &self,
         tokenizer: &Tokenizer,
     ) -> Result<Vec<SampleRequest>, BenchError> {
-        let tokenizer = tokenizer.clone();
         Ok(match self.dataset_name {
             DatasetName::Sharegpt => {
                 let path = self.dataset_path.as_ref().expect("validated");
@@ -390,7 +401,7 @@ impl BenchArgs {
                 }
                 sharegpt::sample(
                     &loaded,
-                    &tokenizer,
+                    tokenizer,
                     self.num_prompts,
                     self.sharegpt_output_len,
                     self.seed,
@@ -398,9 +409,9 @@ impl BenchArgs {
                 .await?
             }
             DatasetName::Random => {
-                let tok = match (&tokenizer, self.random_vocab_size) {
-                    (t, Some(v)) => t.clone().with_vocab(v),
-                    (t, None) => t.clone(),
+                let tok = match self.random_vocab_size {
+                    Some(v) => tokenizer.clone().with_vocab(v),
+                    None => tokenizer.clone(),
                 };
                 super::dataset::random::sample(
                     &RandomSpec {
@@ -547,17 +558,8 @@ impl BenchArgs {
 /// The served model's own Hugging Face tokenizer, when the server names a local model: vLLM
 /// and SGLang list the directory they serve as the model's `root` (or `id`); a hub id is looked
 /// up in the local HF cache. `None` when the listing names nothing local (llama-server's GGUF).
-async fn served_model_tokenizer(base: &str, model: &str) -> Option<crate::tokenizer::HfTokenizer> {
-    let v: Value = reqwest::Client::new()
-        .get(format!("{base}/v1/models"))
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .ok()?
-        .json()
-        .await
-        .ok()?;
-    let entries = v.get("data")?.as_array()?;
+fn served_model_tokenizer(listing: &Value, model: &str) -> Option<crate::tokenizer::HfTokenizer> {
+    let entries = listing.get("data")?.as_array()?;
     let entry = entries
         .iter()
         .find(|e| e.get("id").and_then(Value::as_str) == Some(model))
@@ -574,25 +576,37 @@ async fn served_model_tokenizer(base: &str, model: &str) -> Option<crate::tokeni
         })
 }
 
-async fn first_model(base: &str) -> Result<String, BenchError> {
+/// `GET /v1/models`: the listing, or why there is none (the message names the URL).
+async fn list_models(base: &str) -> Result<Value, String> {
     let url = format!("{base}/v1/models");
-    let v: Value = reqwest::Client::new()
+    reqwest::Client::new()
         .get(&url)
         .timeout(Duration::from_secs(30))
         .send()
         .await
-        .map_err(|e| {
-            BenchError::Config(format!("cannot list models at {url} ({e}); pass --model"))
-        })?
+        .map_err(|e| format!("cannot list models at {url} ({e})"))?
         .json()
         .await
-        .map_err(|e| {
-            BenchError::Config(format!("{url} did not answer JSON ({e}); pass --model"))
-        })?;
-    v.pointer("/data/0/id")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .ok_or_else(|| BenchError::Config(format!("{url} lists no model; pass --model")))
+        .map_err(|e| format!("{url} did not answer JSON ({e})"))
+        .and_then(|v: Value| {
+            v.pointer("/data/0/id")
+                .and_then(Value::as_str)
+                .is_some()
+                .then_some(v)
+                .ok_or_else(|| format!("{url} lists no model"))
+        })
+}
+
+/// The first model a listing names (the default `--model`).
+fn first_model(listing: &Result<Value, String>) -> Result<String, BenchError> {
+    match listing {
+        Ok(v) => Ok(v
+            .pointer("/data/0/id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()),
+        Err(e) => Err(BenchError::Config(format!("{e}; pass --model"))),
+    }
 }
 
 #[cfg(test)]

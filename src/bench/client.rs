@@ -216,9 +216,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("an array of choices or null")
             }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-                Ok(FirstChoice(None))
-            }
             fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
                 Ok(FirstChoice(None))
             }

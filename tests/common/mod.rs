@@ -189,3 +189,112 @@ pub fn engines_logging_under(dir: &std::path::Path) -> Vec<String> {
     }
     out
 }
+
+/// The mock engine imitating `profile`, with extra mock flags, as the argv that replaces an
+/// engine file's `{binary}`.
+pub fn mock_engine(profile: &str, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        env!("CARGO_BIN_EXE_servetune"),
+        "mock-engine",
+        "--profile",
+        profile,
+        "--mock-startup-s",
+        "0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v.push("--".into());
+    v
+}
+
+/// A launcher without GPU telemetry whose engines run `binary` for `{binary}`.
+pub fn launcher(
+    store: Option<servetune::store::Store>,
+    binary: Vec<String>,
+) -> servetune::engine::trial::Launcher {
+    let mut l =
+        servetune::engine::trial::Launcher::new(store, servetune::telemetry::Telemetry::off());
+    l.binary = Some(binary);
+    l
+}
+
+/// `cfg` with the given values set.
+pub fn with(
+    mut cfg: servetune::space::Config,
+    kv: &[(&str, servetune::space::Value)],
+) -> servetune::space::Config {
+    for (k, v) in kv {
+        cfg.insert(k.to_string(), v.clone());
+    }
+    cfg
+}
+
+/// How a start of `cfg` (serving `model`) fails: the rung, the class and the log line that
+/// proved it. Panics when it starts.
+pub async fn start_failure(
+    s: &servetune::space::Space,
+    cfg: &servetune::space::Config,
+    binary: Vec<String>,
+    model: &str,
+) -> (
+    servetune::engine::launch::Rung,
+    servetune::engine::failure::FailureClass,
+    String,
+) {
+    use servetune::engine::launch::LaunchError;
+    use servetune::engine::trial::TrialError;
+    let dir = tempfile::tempdir().unwrap();
+    match launcher(None, binary)
+        .start(s, cfg, model, dir.path())
+        .await
+    {
+        Err(TrialError::Launch(LaunchError::Failed { rung, failure, .. })) => {
+            (rung, failure.class, failure.evidence)
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(e) => {
+            let argv = e.rendered.display();
+            let _ = e.stop();
+            panic!("expected a start-up failure: {argv}")
+        }
+    }
+}
+
+/// What `servetune tune` printed for a shipped study shrunk to `trials` trials (see
+/// `shrink_to_smoke`), run in a fresh state directory (kept in `dir`).
+pub struct SmokeRun {
+    pub dir: tempfile::TempDir,
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs the shipped study `studies/<name>.toml` shrunk to `trials` trials.
+pub fn run_smoke_study(name: &str, trials: i64) -> SmokeRun {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join(format!("studies/{name}.toml"))).unwrap();
+    let smoke = shrink_to_smoke(&text, &root.join("search-spaces"), trials);
+    let dir = tempfile::tempdir().unwrap();
+    let studies = dir.path().join("studies");
+    std::fs::create_dir_all(&studies).unwrap();
+    let file = studies.join("smoke.toml");
+    std::fs::write(&file, smoke).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_servetune"))
+        .args([
+            "tune",
+            file.to_str().unwrap(),
+            "--state",
+            dir.path().join("state").to_str().unwrap(),
+        ])
+        .env("SERVETUNE_LOG", "warn")
+        .output()
+        .unwrap();
+    SmokeRun {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        dir,
+    }
+}
