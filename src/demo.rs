@@ -38,8 +38,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "[demo] tuning llama-server with {} (progress below, one line per trial)",
         args.study.display()
     );
-    let rec = crate::tune::cli::tune(&args.study, &args.state_dir, args.restart, false).await?;
-    let store = crate::tune::cli::open_store(&args.state_dir)?;
+    let rec = crate::cli::tune(&args.study, &args.state_dir, args.restart, false).await?;
+    let store = crate::cli::open_store(&args.state_dir)?;
     let dir = args.state_dir.join("reports");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let md = dir.join(format!("{}.md", rec.id));

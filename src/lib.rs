@@ -3,10 +3,13 @@
 //! This crate is the whole program; `main.rs` only parses the command line and calls in here.
 //! See ARCHITECTURE.md for the map of modules and their invariants.
 
+pub mod api;
 pub mod bench;
+pub mod cli;
 pub mod daemon;
 pub mod demo;
 pub mod engine;
+#[cfg(feature = "mock")]
 pub mod mock;
 pub mod report;
 pub mod setup;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use servetune::bench::args::BenchArgs;
+#[cfg(feature = "mock")]
 use servetune::mock::MockConfig;
 use servetune::setup::{self, LlamaPaths, VllmPaths};
 
@@ -33,6 +34,7 @@ enum Command {
     /// The main job on the CPU default: set up llama-server + SmolLM2, benchmark it with ShareGPT.
     Demo(servetune::demo::DemoArgs),
     /// Run the mock OpenAI-compatible engine.
+    #[cfg(feature = "mock")]
     MockEngine {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
@@ -100,6 +102,7 @@ enum Command {
         state: Option<std::path::PathBuf>,
     },
     /// Benchmark the optimisers on the mock engine's landscapes (prints a table).
+    #[cfg(feature = "mock")]
     SearchBench {
         #[arg(long, default_value_t = 20)]
         seeds: u64,
@@ -329,7 +332,7 @@ fn main() -> ExitCode {
                 restart,
                 json,
             } => {
-                use servetune::tune::cli;
+                use servetune::cli;
                 let state = cli::state_dir(state);
                 match cli::tune(&study, &state, restart, json).await {
                     Ok(_) => Ok(0),
@@ -341,12 +344,12 @@ fn main() -> ExitCode {
                 }
             }
             Command::Trials { study, state, json } => {
-                use servetune::tune::cli;
+                use servetune::cli;
                 print_out(&cli::trials_cmd(&cli::state_dir(state), study.as_deref(), json)?)?;
                 Ok(0)
             }
             Command::Best { model, state, json } => {
-                use servetune::tune::cli;
+                use servetune::cli;
                 print_out(&cli::best_cmd(&cli::state_dir(state), model.as_deref(), json)?)?;
                 Ok(0)
             }
@@ -356,7 +359,7 @@ fn main() -> ExitCode {
                 output,
                 state,
             } => {
-                use servetune::tune::cli;
+                use servetune::cli;
                 let store = cli::open_store_for_reading(&cli::state_dir(state))?;
                 let text = servetune::report::render(&store, &study, &format, output.as_deref())?;
                 // Released before printing: a pager must not hold the store from a study.
@@ -368,6 +371,7 @@ fn main() -> ExitCode {
                 }
                 Ok(0)
             }
+            #[cfg(feature = "mock")]
             Command::SearchBench {
                 seeds,
                 budget,
@@ -377,7 +381,7 @@ fn main() -> ExitCode {
                 warm,
                 warm_top,
             } => {
-                let opts = servetune::tune::bench::BenchOptions {
+                let opts = servetune::mock::search_bench::BenchOptions {
                     seeds,
                     budget,
                     optimum_samples,
@@ -386,9 +390,9 @@ fn main() -> ExitCode {
                 };
                 let table = tokio::task::spawn_blocking(move || {
                     if warm {
-                        servetune::tune::bench::run_warm(&opts, warm_top)
+                        servetune::mock::search_bench::run_warm(&opts, warm_top)
                     } else {
-                        servetune::tune::bench::run(&opts)
+                        servetune::mock::search_bench::run(&opts)
                     }
                 })
                     .await?
@@ -437,6 +441,7 @@ fn main() -> ExitCode {
                 servetune::demo::run(args).await?;
                 Ok(0)
             }
+            #[cfg(feature = "mock")]
             Command::MockEngine { host, port, cfg, profile } => {
                 if profile.profile.is_some() {
                     return Ok(servetune::mock::run_profile_cli(&profile, cfg).await? as u8);

@@ -1,60 +1,25 @@
-//! Small helpers shared by several modules: time stamps without a date crate, cache paths.
+//! Small helpers shared by several modules: time stamps (chrono), cache paths.
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `YYYYMMDD-HHMMSS` in UTC (vLLM uses local time; servers run in UTC).
 pub fn timestamp_compact(t: SystemTime) -> String {
-    let (y, mo, d, h, mi, s) = civil(t);
-    format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}")
+    utc(t).format("%Y%m%d-%H%M%S").to_string()
 }
 
 /// RFC 3339 in UTC, to the second.
 pub fn timestamp_rfc3339(t: SystemTime) -> String {
-    let (y, mo, d, h, mi, s) = civil(t);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+    utc(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
+/// A time as a UTC date-time, whole seconds; before 1970 reads as the epoch.
+fn utc(t: SystemTime) -> chrono::DateTime<chrono::Utc> {
     let secs = t
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0);
-    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
-    let rem = secs.rem_euclid(86_400);
-    (
-        y,
-        m,
-        d,
-        (rem / 3600) as u32,
-        (rem % 3600 / 60) as u32,
-        (rem % 60) as u32,
-    )
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant).
-pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = i64::from((month + 9) % 12); // March = 0
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// (year, month, day) of a count of days since 1970-01-01 (Howard Hinnant).
-pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+    chrono::DateTime::from_timestamp(secs, 0).unwrap_or_default()
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary, with an ellipsis when cut.

@@ -23,13 +23,13 @@ use serde_json::Value as Json;
 use servetune::daemon::config::DaemonConfig;
 use servetune::daemon::scheduler::{Clock, ManualClock};
 use servetune::daemon::{self, Backend, Daemon, Handle, Probe};
+use servetune::mock::evaluator::{SimEvaluator, SimWorkload};
 use servetune::mock::profile::Machine;
 use servetune::mock::sim::{Hardware, ModelSpec};
 use servetune::space::{Config, Space};
 use servetune::store::Store;
 use servetune::telemetry::TelemetrySummary;
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
-use servetune::tune::sim::{SimEvaluator, SimWorkload};
 use servetune::tune::spec::Study;
 use servetune::tune::study::{self, Phase, Runner, StudyRecord, TrialKind, TrialStatus};
 use servetune::tune::TuneError;
@@ -374,25 +374,11 @@ fn redact(v: &mut Json) {
     }
 }
 
-fn check_snapshot(name: &str, got: &str) {
-    let snap = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/snapshots")
-        .join(name);
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-        std::fs::create_dir_all(snap.parent().unwrap()).unwrap();
-        std::fs::write(&snap, got).unwrap();
-    }
-    let want = std::fs::read_to_string(&snap)
-        .unwrap_or_else(|_| panic!("snapshot {name} missing: run with UPDATE_SNAPSHOTS=1"));
-    assert_eq!(
-        got, want,
-        "{name} changed; check it and run with UPDATE_SNAPSHOTS=1"
-    );
-}
-
+/// A JSON answer, wall-clock values redacted, against its insta snapshot in
+/// `tests/snapshots/` (`cargo insta review`, or INSTA_UPDATE=always, after an intended change).
 fn snapshot_json(name: &str, mut v: Json) {
     redact(&mut v);
-    check_snapshot(name, &(serde_json::to_string_pretty(&v).unwrap() + "\n"));
+    insta::assert_snapshot!(name, serde_json::to_string_pretty(&v).unwrap());
 }
 
 // ---- API contract ----
@@ -414,7 +400,7 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
         .wait_for("/v1/status", "scheduled", |j| !j["next_nightly"].is_null())
         .await;
     assert_eq!(idle["next_nightly"], "2026-12-04T03:00:00Z");
-    snapshot_json("daemon-status-idle.json", idle);
+    snapshot_json("status-idle", idle);
 
     // Changes need the token: none, a wrong one (same and other length), then bad bodies.
     let study = sim_study("api", 6);
@@ -480,7 +466,7 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
     api.wait_state(&id, "done").await;
     let (code, list) = api.get("/v1/studies").await;
     assert_eq!(code, 200);
-    snapshot_json("daemon-studies.json", list);
+    snapshot_json("studies", list);
     let (_, detail) = api.get(&format!("/v1/studies/{id}")).await;
     assert_eq!(detail["study"]["phase"], "done");
     assert_eq!(detail["study"]["trigger"], "submitted");
@@ -489,6 +475,14 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
     let search = trials.iter().filter(|t| t["kind"] == "search").count();
     assert_eq!(search, 6);
     assert!(trials.iter().all(|t| t["status"] != "running"));
+    // The v1 shapes of a study and a trial (a store schema change must not move them): the
+    // command is one shell-quoted string.
+    assert!(
+        trials.iter().all(|t| t["command"].is_string()),
+        "{trials:?}"
+    );
+    snapshot_json("study-detail", detail.clone());
+    snapshot_json("trial", trials[0].clone());
     let (code, ct, md) = api.text(&format!("/v1/studies/{id}/report")).await;
     assert_eq!(code, 200);
     assert!(ct.starts_with("text/markdown"), "{ct}");
@@ -506,7 +500,7 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
     assert_eq!(best["node"], NODE);
     let cmd = best["command"].as_str().expect("a command for this node");
     assert!(cmd.contains("max_num_seqs"), "{cmd}");
-    snapshot_json("daemon-best.json", best);
+    snapshot_json("best", best);
     let (_, none) = api.get("/v1/best?model=other").await;
     assert!(none["command"].is_null() && none["best"].as_array().unwrap().is_empty());
 
@@ -534,7 +528,7 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
         .filter(|l| !l.contains("_duration_seconds_") || l.starts_with('#'))
         .map(|l| format!("{l}\n"))
         .collect();
-    check_snapshot("daemon-metrics.txt", &stable);
+    insta::assert_snapshot!("metrics", stable);
     h.stop().await.unwrap();
 }
 
@@ -675,6 +669,22 @@ async fn the_nightly_schedule_fires_on_the_injected_clock_and_once_after_downtim
     let warm = d["study"]["warm_start"].as_array().unwrap();
     assert!(!warm.is_empty(), "{d}");
     assert!(warm[0]["from"].as_str().unwrap().contains(&first), "{d}");
+    h.stop().await.unwrap();
+}
+
+/// `schedule_tz`: the same "3 am" is 02:00 UTC in Berlin's winter, and the status says in
+/// which zone the schedule is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schedule_is_read_in_its_time_zone() {
+    let f = Fixture::new();
+    let conf = "tune_on_start = false\nschedule = \"0 3 * * *\"\nschedule_tz = \"Europe/Berlin\"";
+    let cfg = f.config(conf, &[]);
+    let (_d, h, api) = f.start(cfg, SimBackend::new("0.10.1", 0)).await;
+    let st = api
+        .wait_for("/v1/status", "scheduled", |j| !j["next_nightly"].is_null())
+        .await;
+    assert_eq!(st["next_nightly"], "2026-12-04T02:00:00Z", "{st}");
+    assert_eq!(st["schedule_tz"], "Europe/Berlin");
     h.stop().await.unwrap();
 }
 
@@ -946,6 +956,10 @@ fn a_bad_config_exits_64_naming_the_field_before_binding() {
         ("[daemon]\nlisten = \"localhost\"\n", "daemon.listen"),
         ("[daemon]\nschedule = \"0 3 * *\"\n", "daemon.schedule"),
         ("[daemon]\nschedule = \"0 0 30 2 *\"\n", "never fires"),
+        (
+            "[daemon]\nschedule_tz = \"Europe/Berln\"\n",
+            "daemon.schedule_tz: unknown time zone \"Europe/Berln\"",
+        ),
         (
             "[daemon]\nprobe_interval_s = 0\n",
             "daemon.probe_interval_s",

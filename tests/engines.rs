@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use servetune::engine::failure::{FailureClass, OomPhase, Patterns};
 use servetune::engine::inventory;
-use servetune::engine::launch::{launch, Ladder, LaunchError, LaunchSpec, Rung};
+use servetune::engine::launch::{launch, LaunchError, LaunchSpec, Rung};
 use servetune::engine::process::group_alive;
 use servetune::engine::reap::{groups_with_tag, reap};
 use servetune::engine::trial::TrialEngine;
+use servetune::space::Ladder;
 use servetune::space::{Space, Value};
 use servetune::store::Store;
 

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use servetune::engine::failure::{FailureClass, Patterns};
-use servetune::engine::launch::{launch, Ladder, LaunchError, LaunchSpec, Rung};
+use servetune::engine::launch::{launch, LaunchError, LaunchSpec, Rung};
 use servetune::engine::process::{free_port, group_alive};
+use servetune::space::Ladder;
 
 const BIN: &str = env!("CARGO_BIN_EXE_servetune");
 

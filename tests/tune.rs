@@ -13,13 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use servetune::mock::evaluator::{SimEvaluator, SimWorkload};
 use servetune::mock::profile::{default_version, Machine};
 use servetune::mock::sim::{Hardware, ModelSpec};
 use servetune::space::{Config, Space, Value};
 use servetune::store::Store;
 use servetune::tune::eval::{Evaluator, RunSpec};
 use servetune::tune::opt::Kind;
-use servetune::tune::sim::{SimEvaluator, SimWorkload};
 use servetune::tune::spec::Study;
 use servetune::tune::study::{self, Phase, Runner, StudyRecord, TrialKind, TrialStatus};
 use servetune::tune::TuneError;
@@ -735,8 +735,8 @@ async fn a_max_rate_study_finds_the_highest_rate_within_the_slo() {
     );
 }
 
-/// The report of a simulated study, compared with the snapshot in `tests/snapshots/` (set
-/// UPDATE_SNAPSHOTS=1 to rewrite it after an intended change). The virtual-time evaluator makes
+/// The report of a simulated study, compared with the snapshot in `tests/snapshots/` (insta:
+/// `cargo insta review`, or INSTA_UPDATE=always, after an intended change). The virtual-time evaluator makes
 /// every figure deterministic; wall-clock times do not appear in the report.
 #[tokio::test]
 async fn the_report_of_a_study_matches_its_snapshot() {
@@ -782,17 +782,7 @@ async fn the_report_of_a_study_matches_its_snapshot() {
         .map(|h| md.find(h).unwrap_or_else(|| panic!("{h} missing")))
         .collect();
     assert!(pos.windows(2).all(|w| w[0] < w[1]), "sections out of order");
-    let snap = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/report-sim.md");
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-        std::fs::create_dir_all(snap.parent().unwrap()).unwrap();
-        std::fs::write(&snap, &md).unwrap();
-    }
-    let want =
-        std::fs::read_to_string(&snap).expect("snapshot missing: run with UPDATE_SNAPSHOTS=1");
-    assert_eq!(
-        md, want,
-        "the report changed; check it and run with UPDATE_SNAPSHOTS=1"
-    );
+    insta::assert_snapshot!("report-sim", md);
     // JSON carries the same data and the charts; HTML embeds them.
     let json: serde_json::Value = serde_json::from_str(
         &servetune::report::render(&store, "sim-report", "json", None).unwrap(),

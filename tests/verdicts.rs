@@ -6,13 +6,13 @@
 
 use std::path::{Path, PathBuf};
 
+use servetune::mock::evaluator::{SimEvaluator, SimWorkload};
 use servetune::mock::profile::{default_version, Machine};
 use servetune::mock::sim::{Hardware, ModelSpec};
 use servetune::space::{Config, Space};
 use servetune::store::Store;
 use servetune::telemetry::TelemetrySummary;
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
-use servetune::tune::sim::{SimEvaluator, SimWorkload};
 use servetune::tune::spec::Study;
 use servetune::tune::study::{
     self, BestRecord, Phase, Runner, TrialKind, TrialRecord, TrialStatus, BEST,
@@ -496,7 +496,7 @@ async fn a_retune_with_no_significant_gain_keeps_the_proven_best() {
         study: "earlier".into(),
         trial: 7,
         config: Config::new(),
-        command: Some("vllm serve proven".into()),
+        command: Some(servetune::space::CommandLine::parse("vllm serve proven").unwrap()),
         objective: Some(1.0),
         metric: "total token throughput (tok/s)".into(),
         improved: true,

@@ -136,7 +136,7 @@ async fn study<B: Backend>(
 async fn trials<B: Backend>(
     State(d): St<B>,
     id: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<Vec<crate::tune::study::TrialRecord>>> {
+) -> ApiResult<Json<Vec<crate::api::TrialV1>>> {
     let Path(id) = id.map_err(path_error)?;
     Ok(Json(views::trials(&d, &id)?))
 }

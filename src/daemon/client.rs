@@ -127,9 +127,10 @@ pub fn status_text(s: &Status) -> String {
     }
     let _ = writeln!(
         o,
-        "next nightly re-tune: {} (schedule {:?}, UTC)",
+        "next nightly re-tune: {} (schedule {:?} in {})",
         s.next_nightly.as_deref().unwrap_or("-"),
-        s.schedule
+        s.schedule,
+        s.schedule_tz
     );
     o
 }

@@ -8,7 +8,8 @@
 //! listen = "127.0.0.1:7878"          # loopback unless told otherwise
 //! token_file = "/etc/servetune/token" # default: <state_dir>/token, created (0600) if missing
 //! state_dir = "/var/lib/servetune"
-//! schedule = "0 3 * * *"              # cron, UTC: the nightly re-tune
+//! schedule = "0 3 * * *"              # cron: the nightly re-tune
+//! schedule_tz = "Europe/Berlin"       # the zone the schedule is read in (IANA; default UTC)
 //! probe_interval_s = 3600             # how often engine versions, GPU and driver are probed
 //! search_spaces = "search-spaces"     # default: beside this file
 //!
@@ -22,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::cron::Schedule;
+use super::cron::{CronError, Schedule};
 use super::DaemonError;
 use crate::tune::spec::Study;
 
@@ -42,6 +43,7 @@ struct RawDaemon {
     token_file: Option<PathBuf>,
     state_dir: Option<PathBuf>,
     schedule: Option<String>,
+    schedule_tz: Option<String>,
     probe_interval_s: Option<f64>,
     max_body_bytes: Option<usize>,
     stop_timeout_s: Option<f64>,
@@ -172,7 +174,11 @@ impl DaemonConfig {
         }
 
         let sched_text = d.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);
-        let schedule = Schedule::parse(sched_text).map_err(|e| bad(path, "daemon.schedule", e))?;
+        let tz = d.schedule_tz.as_deref().unwrap_or("UTC");
+        let schedule = Schedule::parse(sched_text, tz).map_err(|e| match e {
+            CronError::TimeZone(_) => bad(path, "daemon.schedule_tz", e),
+            CronError::Expression { .. } => bad(path, "daemon.schedule", e),
+        })?;
         if schedule
             .next_after(crate::util::unix_now() as i64)
             .is_none()
@@ -180,7 +186,7 @@ impl DaemonConfig {
             return Err(bad(
                 path,
                 "daemon.schedule",
-                format!("{sched_text:?} never fires (no such date in the next five years)"),
+                format!("{sched_text:?} never fires (no such date in the coming year or more)"),
             ));
         }
 

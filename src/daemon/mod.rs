@@ -23,12 +23,12 @@ pub mod worker;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use tokio_util::sync::CancellationToken;
 
 use crate::store::{Store, StoreError};
 use crate::telemetry::Telemetry;
@@ -137,7 +137,7 @@ pub enum Intent {
 /// The study being tuned now.
 pub struct Current {
     pub job: Job,
-    pub cancel: Arc<AtomicBool>,
+    pub cancel: CancellationToken,
     pub intent: Intent,
     /// The runner's latest progress lines, newest last.
     pub events: Vec<String>,
@@ -158,7 +158,7 @@ pub struct Daemon<B: Backend> {
     pub tick: Duration,
     current: Mutex<Option<Current>>,
     wake: tokio::sync::Notify,
-    shutdown: AtomicBool,
+    shutdown: CancellationToken,
     heartbeat: Mutex<Instant>,
     /// When the scheduler fires next (Unix seconds), for the status.
     next_nightly: Mutex<Option<i64>>,
@@ -186,7 +186,7 @@ impl<B: Backend> Daemon<B> {
             tick: Duration::from_secs(1),
             current: Mutex::new(None),
             wake: tokio::sync::Notify::new(),
-            shutdown: AtomicBool::new(false),
+            shutdown: CancellationToken::new(),
             heartbeat: Mutex::new(Instant::now()),
             next_nightly: Mutex::new(None),
             next_probe: Mutex::new(None),
@@ -207,20 +207,25 @@ impl<B: Backend> Daemon<B> {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Resolves once a shutdown has begun.
+    pub async fn stopped(&self) {
+        self.shutdown.cancelled().await
+    }
+
     pub fn stopping(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed)
+        self.shutdown.is_cancelled()
     }
 
     /// Asks the worker to stop: the running study's engine is torn down, the study stays
     /// `running` in the queue so that the next start resumes it.
     pub fn begin_shutdown(&self) {
-        self.shutdown.store(true, Ordering::Relaxed);
+        self.shutdown.cancel();
         if let Some(c) = self.current().as_mut() {
             // A pause or cancel already under way stays what it is.
             if c.intent == Intent::Run {
                 c.intent = Intent::Shutdown;
             }
-            c.cancel.store(true, Ordering::Relaxed);
+            c.cancel.cancel();
         }
         self.wake.notify_one();
         self.notifier.stopping();
@@ -282,7 +287,7 @@ impl<B: Backend> Daemon<B> {
             }
             // The worker records the new state once the engine is down.
             c.intent = intent;
-            c.cancel.store(true, Ordering::Relaxed);
+            c.cancel.cancel();
             return Ok(c.job.clone());
         }
         // Still holding `current`: the worker cannot take this job meanwhile, and it re-checks
@@ -450,7 +455,7 @@ pub async fn serve<B: Backend>(
 pub async fn run(config: &std::path::Path) -> Result<(), DaemonError> {
     let cfg = DaemonConfig::load(config)?;
     let token = cfg.token()?;
-    let store = crate::tune::cli::open_store(&cfg.state_dir).map_err(DaemonError::Tune)?;
+    let store = Store::open_state(&cfg.state_dir)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|source| DaemonError::Bind {
@@ -465,10 +470,10 @@ pub async fn run(config: &std::path::Path) -> Result<(), DaemonError> {
         );
     }
     tracing::info!(
-        "servetune daemon on http://{bound} (state {}, {} studies kept tuned, schedule {:?} UTC)",
+        "servetune daemon on http://{bound} (state {}, {} studies kept tuned, schedule {})",
         cfg.state_dir.display(),
         cfg.studies.len(),
-        cfg.schedule.expr()
+        cfg.schedule
     );
     let backend = EngineBackend {
         telemetry: Telemetry::detect(),

@@ -79,12 +79,13 @@ table{{border-collapse:collapse;width:100%}} td,th{{text-align:left;padding:4px 
 #live[data-state=error]{{color:#b00020}}
 </style></head><body data-measurements="{done}">
 <h1>servetune on {node}</h1>
-<div class="muted">version {version} · schedule <code>{sched}</code> (UTC) · next nightly {next}</div>
+<div class="muted">version {version} · schedule <code>{sched}</code> ({tz}) · next nightly {next}</div>
 <p>Phase: <span class="pill" id="phase">{phase}</span> <span id="live" data-state="static">server-rendered</span></p>
 "#,
         node = esc(&st.node),
         version = st.version,
         sched = esc(&st.schedule),
+        tz = esc(&st.schedule_tz),
         next = esc(st.next_nightly.as_deref().unwrap_or("-")),
         phase = st.phase,
     );

@@ -63,12 +63,6 @@ fn save_plan<B: Backend>(d: &Daemon<B>, schedule: &str, next: Option<i64>) {
     }
 }
 
-async fn until_stopping<B: Backend>(d: &Daemon<B>) {
-    while !d.stopping() {
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
-
 fn probe_key(name: &str) -> String {
     format!("probe/{name}")
 }
@@ -78,8 +72,9 @@ pub async fn run<B: Backend>(d: &Arc<Daemon<B>>) {
     if let Err(e) = initial(d) {
         tracing::error!("scheduler: {e}");
     }
-    // The stored plan counts only for the same expression: a changed schedule starts afresh.
-    let expr = d.cfg.schedule.expr().to_owned();
+    // The stored plan counts only for the same schedule (expression and zone): a changed one
+    // starts afresh.
+    let expr = d.cfg.schedule.key();
     let stored: Option<NightlyPlan> = d.store.get(DAEMON, NIGHTLY_NEXT).ok().flatten();
     let mut next_nightly = match stored {
         Some(p) if p.schedule == expr => p.next,
@@ -105,13 +100,16 @@ pub async fn run<B: Backend>(d: &Arc<Daemon<B>>) {
             // A probe (engines' --version/--help) can take a minute: a stop does not wait.
             tokio::select! {
                 _ = probe_all(d) => {}
-                _ = until_stopping(d) => {}
+                _ = d.stopped() => {}
             }
             next_probe = now + d.cfg.probe_interval_s;
         }
         *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner()) = next_nightly;
         *d.next_probe.lock().unwrap_or_else(|p| p.into_inner()) = Some(next_probe);
-        tokio::time::sleep(d.tick).await;
+        tokio::select! {
+            _ = tokio::time::sleep(d.tick) => {}
+            _ = d.stopped() => {}
+        }
     }
 }
 

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use super::queue::{Job, JobState};
 use super::scheduler::rfc3339;
 use super::{Backend, Daemon, DaemonError, Intent};
+use crate::api::{BestV1, StudyV1, TrialV1};
+use crate::space::CommandLine;
 use crate::tune::study::{
     self, BestRecord, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES,
     TRIALS,
@@ -72,8 +74,16 @@ pub struct Status {
     /// Queued and paused studies, in the order they would run.
     pub queue: Vec<QueueItem>,
     pub schedule: String,
+    /// The IANA zone the schedule is read in (absent from a daemon before zones: UTC).
+    #[serde(default = "utc")]
+    pub schedule_tz: String,
+    /// RFC 3339, UTC.
     pub next_nightly: Option<String>,
     pub next_probe: Option<String>,
+}
+
+fn utc() -> String {
+    "UTC".to_owned()
 }
 
 /// One study, as listed.
@@ -146,7 +156,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
             seq: t.seq,
             kind: kind_label(&t.kind),
             note: t.note.clone(),
-            command: t.command.clone(),
+            command: t.command.as_ref().map(CommandLine::display),
             running_s: (now - t.started).max(0.0),
             attempts: t.attempts,
         });
@@ -158,7 +168,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
             trial: seq,
             objective: r.best_objective?,
             metric: metric.clone(),
-            command: t.command.as_deref().map(study::serve_command),
+            command: t.command.as_ref().map(|c| c.serving().display()),
         })
     });
     let durations: Vec<f64> = search
@@ -242,6 +252,7 @@ pub fn status<B: Backend>(d: &Daemon<B>) -> Result<Status, DaemonError> {
         current,
         queue,
         schedule: d.cfg.schedule.expr().to_owned(),
+        schedule_tz: d.cfg.schedule.tz().to_owned(),
         next_nightly: next_nightly.map(|t| rfc3339(t as f64)),
         next_probe: next_probe.map(rfc3339),
     })
@@ -302,7 +313,8 @@ fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) ->
         metric: rec.and_then(metric_of),
         best_objective: rec.and_then(|r| r.best_objective),
         verdict: o.map(|o| o.verdict.clone()),
-        recommended_command: o.and_then(|o| o.recommended_command.clone()),
+        recommended_command: o
+            .and_then(|o| o.recommended_command.as_ref().map(CommandLine::display)),
         error: job.and_then(|j| j.error.clone()),
     }
 }
@@ -340,15 +352,18 @@ pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::V
     Ok(serde_json::json!({
         "view": view(job.as_ref(), rec.as_ref(), &ts),
         "job": job.map(|mut j| { j.spec_text.clear(); j }),
-        "study": rec,
+        "study": rec.as_ref().map(StudyV1::from),
     }))
 }
 
-pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialRecord>, DaemonError> {
+pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialV1>, DaemonError> {
     if d.queue.find(id)?.is_none() && study_record(&d.store, id)?.is_none() {
         return Err(DaemonError::NotFound(format!("no study {id:?}")));
     }
-    Ok(study::trials(&d.store, id)?)
+    Ok(study::trials(&d.store, id)?
+        .iter()
+        .map(TrialV1::from)
+        .collect())
 }
 
 /// The best configurations for `model` (all models when `None`); this node's first.
@@ -374,8 +389,8 @@ pub fn best<B: Backend>(
     Ok(serde_json::json!({
         "node": node,
         "model": model,
-        "command": here.and_then(|b| b.command.as_deref().map(study::serve_command)),
-        "best": best,
+        "command": here.and_then(|b| b.command.as_ref().map(CommandLine::display)),
+        "best": best.iter().map(BestV1::from).collect::<Vec<_>>(),
     }))
 }
 

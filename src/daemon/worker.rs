@@ -4,8 +4,9 @@
 //! the outcome in the queue and writes the report under `<state>/reports/`.
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
 
 use super::queue::{Job, JobState};
 use super::{scheduler, Backend, Current, Daemon, DaemonError, Intent};
@@ -61,7 +62,7 @@ async fn jobs<B: Backend>(d: &Arc<Daemon<B>>) {
 }
 
 async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonError> {
-    let cancel = Arc::new(AtomicBool::new(false));
+    let cancel = CancellationToken::new();
     let resumed = job.state == JobState::Running;
     // The queue entry is marked and `current` installed under the `current` lock, in the
     // order `Daemon::control` takes them: a request sees either a queued job or the current
@@ -148,7 +149,7 @@ async fn run_job<B: Backend>(d: &Arc<Daemon<B>>, job: Job) -> Result<(), DaemonE
 async fn execute<B: Backend>(
     d: &Arc<Daemon<B>>,
     job: &Job,
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
 ) -> Result<StudyRecord, TuneError> {
     let mut study = Study::parse_in(
         &job.spec_text,

@@ -131,9 +131,6 @@ pub struct Patterns {
     by_class: Vec<(String, String)>,
 }
 
-/// The class keys an engine file may use under `[engine.failures]`.
-pub const CLASS_KEYS: &[&str] = &["oom", "unsupported", "bad_flag", "port_in_use"];
-
 impl Default for Patterns {
     /// The built-in patterns only.
     fn default() -> Self {

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use super::failure::{Failure, FailureClass, Patterns};
 use super::process::{log_tail, EngineProcess, ProcessError};
+use crate::space::Ladder;
 
 /// The rungs of the readiness ladder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,28 +23,6 @@ pub enum Rung {
     Health,
     Models,
     FirstToken,
-}
-
-/// Time limits per rung.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Ladder {
-    pub alive: Duration,
-    pub port: Duration,
-    pub health: Duration,
-    pub models: Duration,
-    pub first_token: Duration,
-}
-
-impl Default for Ladder {
-    fn default() -> Self {
-        Ladder {
-            alive: Duration::from_millis(300),
-            port: Duration::from_secs(600),
-            health: Duration::from_secs(600),
-            models: Duration::from_secs(30),
-            first_token: Duration::from_secs(120),
-        }
-    }
 }
 
 pub struct LaunchSpec {

@@ -10,10 +10,17 @@
 //! latencies that follow a continuous-batching model of the flags.
 //!
 //! `serve` runs in-process (tests start it on port 0); `servetune mock-engine` wraps it.
+//!
+//! The same model drives the optimiser's evaluation in virtual time (`evaluator`) and
+//! `servetune search-bench` (`search_bench`). Production paths never depend on this module: it
+//! is behind the `mock` feature (on by default; `--no-default-features` builds without it), and
+//! `tests/architecture.rs` fails when a `use crate::mock` appears outside it.
 
 pub mod engines;
+pub mod evaluator;
 pub mod live;
 pub mod profile;
+pub mod search_bench;
 pub mod sim;
 
 use std::net::SocketAddr;

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::api::{StudyV1, TrialV1};
 use crate::bench::args::BenchArgs;
 use crate::bench::metrics::Summary;
 use crate::bench::output::{vllm_block, RunInfo};
@@ -60,6 +61,8 @@ pub struct Row {
 /// What the report says, as data (the JSON format).
 #[derive(Debug, Clone, Serialize)]
 pub struct ReportData {
+    /// The study record; JSON shows it in the API's v1 shape (`api::StudyV1`).
+    #[serde(skip)]
     pub study: StudyRecord,
     pub model: String,
     pub workloads: Vec<(String, Vec<String>)>,
@@ -73,6 +76,8 @@ pub struct ReportData {
     pub rows: Vec<Row>,
     pub options: Vec<OptionRow>,
     pub engines: Vec<EngineRow>,
+    /// The trials; JSON shows them as `api::TrialV1`.
+    #[serde(skip)]
     pub trials: Vec<TrialRecord>,
 }
 
@@ -166,9 +171,11 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
         .or(search.first().map(|t| t.seq));
     let recommended_trial = outcome.as_ref().and_then(|o| o.recommended);
     let leader_trial = outcome.as_ref().and_then(|o| o.recommended.or(o.leader));
+    // Commands to serve with (port 8000), as a person would type them.
     let cmd_of = |seq: Option<u32>| {
         seq.and_then(|s| trials.iter().find(|t| t.seq == s))
-            .and_then(|t| t.command.clone())
+            .and_then(|t| t.command.as_ref())
+            .map(|c| c.serving().display())
     };
     // Conclusion rows: the gate's own checks of the leader against the defaults (the report
     // shows the decision; it never makes one).
@@ -307,7 +314,8 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
         leader_trial,
         recommended_command: outcome
             .as_ref()
-            .and_then(|o| o.recommended_command.clone())
+            .and_then(|o| o.recommended_command.as_ref())
+            .map(|c| c.display())
             .or_else(|| cmd_of(recommended_trial)),
         baseline_command: cmd_of(baseline_trial),
         rows,
@@ -533,7 +541,6 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
             if let Some(c) = &d.recommended_command {
                 let _ = writeln!(o, "Recommended command:\n\n```sh\n{c}\n```\n");
             } else if let Some(c) = &d.baseline_command {
-                let c = crate::tune::study::serve_command(c);
                 let _ = writeln!(o, "Keep the defaults:\n\n```sh\n{c}\n```\n");
             }
         }
@@ -757,7 +764,7 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
                 crate::util::excerpt(&f.evidence, 300)
             );
             if let Some(c) = &t.command {
-                let _ = writeln!(o, "  - command: `{c}`");
+                let _ = writeln!(o, "  - command: `{}`", c.display());
             }
         }
     }
@@ -831,19 +838,30 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
 
 /// The JSON report: the data and the charts.
 pub fn json(d: &ReportData) -> serde_json::Value {
-    let mut v = serde_json::to_value(d).unwrap_or_default();
-    if let Some(m) = v.as_object_mut() {
-        m.insert(
-            "charts".into(),
-            serde_json::Value::Object(
-                charts(d)
-                    .into_iter()
-                    .map(|(k, s)| (k, serde_json::Value::String(s)))
-                    .collect(),
-            ),
-        );
+    use serde_json::Value;
+    let mut m = serde_json::Map::new();
+    m.insert(
+        "study".into(),
+        serde_json::to_value(StudyV1::from(&d.study)).unwrap_or_default(),
+    );
+    if let Ok(Value::Object(rest)) = serde_json::to_value(d) {
+        m.extend(rest);
     }
-    v
+    let trials: Vec<TrialV1> = d.trials.iter().map(TrialV1::from).collect();
+    m.insert(
+        "trials".into(),
+        serde_json::to_value(trials).unwrap_or_default(),
+    );
+    m.insert(
+        "charts".into(),
+        Value::Object(
+            charts(d)
+                .into_iter()
+                .map(|(k, s)| (k, Value::String(s)))
+                .collect(),
+        ),
+    );
+    Value::Object(m)
 }
 
 /// A self-contained HTML page: the Markdown's content with the charts inline.

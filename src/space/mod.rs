@@ -13,7 +13,7 @@ mod render;
 pub mod text;
 
 pub use joint::help_mentions;
-pub use render::{RenderCtx, Rendered};
+pub use render::{CommandLine, RenderCtx, Rendered};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,8 +22,6 @@ use std::time::Duration;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-
-use crate::engine::launch::Ladder;
 
 #[derive(Debug, Error)]
 pub enum SpaceError {
@@ -188,6 +186,29 @@ fn default_models() -> String {
     "/v1/models".into()
 }
 
+/// The readiness ladder's time limit per rung (`engine::launch` climbs it); an engine file
+/// overrides them under `[engine.ready]`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ladder {
+    pub alive: Duration,
+    pub port: Duration,
+    pub health: Duration,
+    pub models: Duration,
+    pub first_token: Duration,
+}
+
+impl Default for Ladder {
+    fn default() -> Self {
+        Ladder {
+            alive: Duration::from_millis(300),
+            port: Duration::from_secs(600),
+            health: Duration::from_secs(600),
+            models: Duration::from_secs(30),
+            first_token: Duration::from_secs(120),
+        }
+    }
+}
+
 impl EngineMeta {
     /// The readiness ladder with this engine's time limits.
     pub fn ladder(&self) -> Ladder {
@@ -291,6 +312,10 @@ pub struct Param {
 /// The platforms a study runs on: `gpu` where NVML finds a GPU, else `cpu`, unless the study
 /// names one.
 pub const PLATFORMS: &[&str] = &["cpu", "gpu"];
+
+/// The failure classes an engine file may give patterns for under `[engine.failures]`
+/// (`engine::failure` classifies start-up logs with them).
+pub const FAILURE_CLASSES: &[&str] = &["oom", "unsupported", "bad_flag", "port_in_use"];
 
 /// The keys a `[[param]]` table may have (serde cannot deny unknown ones through `flatten`).
 const PARAM_KEYS: &[&str] = &[
@@ -657,12 +682,12 @@ impl Space {
             }
         }
         for k in raw.engine.failures.keys() {
-            if !crate::engine::failure::CLASS_KEYS.contains(&k.as_str()) {
+            if !FAILURE_CLASSES.contains(&k.as_str()) {
                 return Err(invalid(
                     line_of(text, text.find("[engine.failures]").unwrap_or(0)),
                     format!(
                         "engine.failures: unknown class {k:?} (one of {:?})",
-                        crate::engine::failure::CLASS_KEYS
+                        FAILURE_CLASSES
                     ),
                 ));
             }

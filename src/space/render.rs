@@ -9,7 +9,102 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use super::{Config, Param, Render, Space, Value, NONE};
+
+/// An engine command line as launched: environment assignments and the argv vector, one
+/// element per argument, never a shell string. Trial records keep it in this form; `display`
+/// quotes it (POSIX shell rules, `shlex`) for a person to read or paste.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "CommandRepr")]
+pub struct CommandLine {
+    pub env: Vec<(String, String)>,
+    pub argv: Vec<String>,
+}
+
+/// What a stored command may be: the parts, or (records written before schema version 2) the
+/// display string, split back by shell rules.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum CommandRepr {
+    Parts {
+        env: Vec<(String, String)>,
+        argv: Vec<String>,
+    },
+    Text(String),
+}
+
+impl TryFrom<CommandRepr> for CommandLine {
+    type Error = String;
+
+    fn try_from(r: CommandRepr) -> Result<Self, String> {
+        match r {
+            CommandRepr::Parts { env, argv } => Ok(CommandLine { env, argv }),
+            CommandRepr::Text(s) => CommandLine::parse(&s),
+        }
+    }
+}
+
+impl CommandLine {
+    /// Splits a displayed command (`K=V … argv…`) back into its parts.
+    pub fn parse(text: &str) -> Result<CommandLine, String> {
+        let words =
+            shlex::split(text).ok_or_else(|| format!("unbalanced quotes in command {text:?}"))?;
+        let is_assignment = |w: &str| {
+            w.split_once('=').is_some_and(|(k, _)| {
+                !k.is_empty()
+                    && !k.starts_with(|c: char| c.is_ascii_digit())
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            })
+        };
+        let n_env = words.iter().take_while(|w| is_assignment(w)).count();
+        let mut words = words.into_iter();
+        let env = words
+            .by_ref()
+            .take(n_env)
+            .filter_map(|w| w.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+            .collect();
+        Ok(CommandLine {
+            env,
+            argv: words.collect(),
+        })
+    }
+
+    /// The command as a person would type it (for reports and logs; never executed).
+    pub fn display(&self) -> String {
+        // `try_quote` fails only on a NUL byte, which no argv element can hold.
+        let quote =
+            |s: &str| shlex::try_quote(s).map_or_else(|_| s.replace('\0', ""), |q| q.into_owned());
+        let mut parts: Vec<String> = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={}", quote(v)))
+            .collect();
+        parts.extend(self.argv.iter().map(|a| quote(a)));
+        parts.join(" ")
+    }
+
+    /// The command to serve with: the trial's free port (`--port N`, `--port=N`) replaced by
+    /// 8000, everything else as it was.
+    pub fn serving(&self) -> CommandLine {
+        let mut argv = self.argv.clone();
+        let mut i = 0;
+        while i < argv.len() {
+            if argv[i] == "--port" && i + 1 < argv.len() {
+                argv[i + 1] = "8000".into();
+                i += 1;
+            } else if argv[i].starts_with("--port=") {
+                argv[i] = "--port=8000".into();
+            }
+            i += 1;
+        }
+        CommandLine {
+            env: self.env.clone(),
+            argv,
+        }
+    }
+}
 
 /// What a rendering needs besides the point.
 pub struct RenderCtx<'a> {
@@ -33,25 +128,17 @@ pub struct Rendered {
 }
 
 impl Rendered {
+    /// The command line: environment and argv.
+    pub fn command_line(&self) -> CommandLine {
+        CommandLine {
+            env: self.env.clone(),
+            argv: self.argv.clone(),
+        }
+    }
+
     /// The command line as a person would type it (for reports and logs; never executed).
     pub fn display(&self) -> String {
-        let quote = |s: &str| {
-            if !s.is_empty()
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@+%".contains(c))
-            {
-                s.to_owned()
-            } else {
-                format!("'{}'", s.replace('\'', r"'\''"))
-            }
-        };
-        let mut parts: Vec<String> = self
-            .env
-            .iter()
-            .map(|(k, v)| format!("{k}={}", quote(v)))
-            .collect();
-        parts.extend(self.argv.iter().map(|a| quote(a)));
-        parts.join(" ")
+        self.command_line().display()
     }
 }
 

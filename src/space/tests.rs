@@ -588,3 +588,67 @@ fn engine_study_and_parameter_environment_layer() {
         vec![pair("A", "3"), pair("B", "2"), pair("C_ENV", "all")]
     );
 }
+
+#[test]
+fn a_command_line_quotes_for_the_shell_and_reads_back() {
+    let c = CommandLine {
+        env: vec![("VLLM_CPU_KVCACHE_SPACE".into(), "4".into())],
+        argv: vec![
+            "vllm".into(),
+            "serve".into(),
+            "/models/my model".into(),
+            "--speculative-config".into(),
+            r#"{"method":"ngram","num_speculative_tokens":3}"#.into(),
+            "--port".into(),
+            "41234".into(),
+            "it's".into(),
+        ],
+    };
+    let shown = c.display();
+    assert!(
+        shown.starts_with("VLLM_CPU_KVCACHE_SPACE=4 vllm serve "),
+        "{shown}"
+    );
+    // What is displayed is what a shell would split back into the same argv.
+    assert_eq!(CommandLine::parse(&shown).unwrap(), c);
+    assert_eq!(shlex::split(&shown).unwrap()[1..], c.argv[..]);
+
+    let serving = c.serving();
+    assert_eq!(serving.argv[6], "8000");
+    assert_eq!(serving.env, c.env);
+    let eq = CommandLine {
+        env: Vec::new(),
+        argv: vec![
+            "x".into(),
+            "--port=41234".into(),
+            "--portal".into(),
+            "9".into(),
+        ],
+    };
+    assert_eq!(eq.serving().argv, ["x", "--port=8000", "--portal", "9"]);
+
+    assert!(CommandLine::parse("vllm serve 'unbalanced").is_err());
+    // A word with '=' after the first argument is an argument, not an assignment.
+    let p = CommandLine::parse("A=1 x B=2").unwrap();
+    assert_eq!(p.env, vec![("A".to_string(), "1".to_string())]);
+    assert_eq!(p.argv, ["x", "B=2"]);
+}
+
+/// Stores before schema version 2 hold the display string; it reads back as its parts.
+#[test]
+fn a_stored_command_reads_in_both_schemas() {
+    let c = CommandLine {
+        env: vec![("K".into(), "v w".into())],
+        argv: vec!["llama-server".into(), "--port".into(), "8000".into()],
+    };
+    let v2 = serde_json::to_string(&c).unwrap();
+    assert_eq!(
+        v2,
+        r#"{"env":[["K","v w"]],"argv":["llama-server","--port","8000"]}"#
+    );
+    assert_eq!(serde_json::from_str::<CommandLine>(&v2).unwrap(), c);
+    let v1 = serde_json::to_string(&c.display()).unwrap();
+    assert_eq!(serde_json::from_str::<CommandLine>(&v1).unwrap(), c);
+    let bad = serde_json::from_str::<CommandLine>(r#""x 'open""#).unwrap_err();
+    assert!(bad.to_string().contains("unbalanced quotes"), "{bad}");
+}

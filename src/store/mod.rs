@@ -20,8 +20,12 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// Bumped whenever a stored record changes shape incompatibly.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Bumped whenever a stored record changes shape. A writer opening an older store marks it
+/// with this version; the records themselves read back through their types' own fallbacks.
+/// - 1: the first.
+/// - 2: a trial's command is its environment and argv (`space::CommandLine`), no longer the
+///   display string; version 1's strings are split back by shell rules when read.
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -128,6 +132,16 @@ fn is_held(e: &sled::Error) -> bool {
 }
 
 impl Store {
+    /// The store of a servetune state directory (`<state>/db`), to write.
+    pub fn open_state(state: &Path) -> Result<Store, StoreError> {
+        Store::open(&state.join("db"))
+    }
+
+    /// The store of a state directory, to read (see `open_for_reading`).
+    pub fn open_state_for_reading(state: &Path) -> Result<Store, StoreError> {
+        Store::open_for_reading(&state.join("db"))
+    }
+
     /// Opens (or creates) the store in `dir` to write it. A reader (`open_for_reading`) holds
     /// the lock for milliseconds, so a held lock is retried for a few seconds first.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
@@ -163,6 +177,10 @@ impl Store {
                         path: path.display().to_string(),
                         found,
                     });
+                }
+                if found < SCHEMA_VERSION && writer {
+                    meta.insert("schema_version", SCHEMA_VERSION.to_string().as_bytes())?;
+                    db.flush()?;
                 }
             }
             None => {

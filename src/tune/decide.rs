@@ -37,6 +37,7 @@ use super::spec::Metric;
 use super::stats::{welch_with_resolution, Diff};
 use super::study::{TrialKind, TrialRecord, TrialStatus};
 use crate::bench::abort::LatencyLimit;
+use crate::space::CommandLine;
 
 /// A latency statistic of the primary workload that must not get worse beyond the tolerance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -104,7 +105,7 @@ pub struct Check {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     pub candidate: u32,
-    pub command: Option<String>,
+    pub command: Option<CommandLine>,
     /// candidate − defaults, with its 95% interval; `None` when it cannot be computed.
     pub diff: Option<Diff>,
     /// Holm-adjusted one-sided p-value.
@@ -865,7 +866,10 @@ mod tests {
                 TrialStatus::Ok
             },
             engine: Some("e".into()),
-            command: Some(format!("engine --trial {seq}")),
+            command: Some(CommandLine {
+                env: Vec::new(),
+                argv: vec!["engine".into(), "--trial".into(), seq.to_string()],
+            }),
             engine_version: None,
             hardware: String::new(),
             screen: None,

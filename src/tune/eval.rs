@@ -1,6 +1,6 @@
 //! Measuring a configuration: start its engine, run workloads against it, stop it. The study
 //! loop sees only the `Evaluator`/`Session` traits; `EngineEvaluator` does it for real (the
-//! launcher and the load generator), `sim::SimEvaluator` in virtual time for the optimiser
+//! launcher and the load generator), `mock::evaluator::SimEvaluator` in virtual time for the optimiser
 //! benchmark and fast tests.
 
 use std::collections::{BTreeMap, HashMap};
@@ -18,7 +18,7 @@ use crate::bench::metrics::Summary;
 use crate::engine::failure::Patterns;
 use crate::engine::launch::LaunchError;
 use crate::engine::trial::{Launcher, TrialEngine, TrialError};
-use crate::space::{Config, Space};
+use crate::space::{CommandLine, Config, Space};
 use crate::telemetry::TelemetrySummary;
 
 /// One benchmark run's figures, as the tuner needs them.
@@ -194,7 +194,7 @@ pub struct TrialFailure {
 /// What a started engine is, for the record.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Started {
-    pub command: String,
+    pub command: CommandLine,
     pub engine: String,
     pub engine_version: Option<String>,
     pub startup_s: f64,
@@ -346,7 +346,7 @@ impl Evaluator for EngineEvaluator {
             .await
             .map_err(from_trial_error)?;
         let started = Started {
-            command: te.rendered.display(),
+            command: te.rendered.command_line(),
             engine_version: self.versions.get(&engine).cloned().flatten(),
             engine,
             startup_s: t0.elapsed().as_secs_f64(),

@@ -1,16 +1,13 @@
 //! Tuning studies: the study file (`spec`), the optimisers (`opt`, over the unit-cube
 //! coordinates of `encode`), the study loop with its records in the store (`study`), the
-//! evaluators that measure a configuration for real (`eval`) or in virtual time (`sim`), the
-//! statistics of the final comparison (`stats`), the optimiser benchmark (`bench`) and the
-//! `servetune tune|trials|best` commands (`cli`).
+//! evaluator that measures a configuration for real (`eval`; the mock's `evaluator` does it in
+//! virtual time), the recommendation gate (`decide`), the statistics of the final comparison
+//! (`stats`) and the `servetune tune|trials|best` commands (`cli`).
 
-pub mod bench;
-pub mod cli;
 pub mod decide;
 pub mod encode;
 pub mod eval;
 pub mod opt;
-pub mod sim;
 pub mod spec;
 pub mod stats;
 pub mod study;

@@ -9,11 +9,10 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 pub use super::decide::Comparison;
 use super::decide::{self, Check, Decision, Pending};
@@ -21,7 +20,7 @@ use super::eval::{Evaluator, Measurement, RunSpec, TrialFailure};
 use super::opt::{self, Obs, Optimizer};
 use super::spec::{Metric, Study};
 use super::TuneError;
-use crate::space::{Config, Space};
+use crate::space::{CommandLine, Config, Space};
 use crate::store::{Store, StoreError};
 use crate::telemetry::TelemetrySummary;
 use crate::util::unix_now;
@@ -111,7 +110,7 @@ pub struct TrialRecord {
     pub expected_improvement: Option<f64>,
     pub status: TrialStatus,
     pub engine: Option<String>,
-    pub command: Option<String>,
+    pub command: Option<CommandLine>,
     pub engine_version: Option<String>,
     pub hardware: String,
     /// The short (screening) run; equals the full run when screening is off.
@@ -155,7 +154,8 @@ pub struct Outcome {
     pub baseline_trial: u32,
     /// The configuration to run, when the gate (`decide`) recommends one.
     pub recommended: Option<u32>,
-    pub recommended_command: Option<String>,
+    /// The recommended trial's command, to serve with (port 8000).
+    pub recommended_command: Option<CommandLine>,
     pub recommended_config: Option<Config>,
     pub comparisons: Vec<Comparison>,
     pub verdict: String,
@@ -201,7 +201,8 @@ pub struct BestRecord {
     pub study: String,
     pub trial: u32,
     pub config: Config,
-    pub command: Option<String>,
+    /// The command to serve with (port 8000).
+    pub command: Option<CommandLine>,
     pub objective: Option<f64>,
     pub metric: String,
     /// Whether it beat the engine's defaults with a 95% interval above zero.
@@ -239,8 +240,8 @@ pub struct Runner<E: Evaluator> {
     pub dropped_flags: Vec<String>,
     pub trigger: String,
     pub progress: Progress,
-    /// Set to stop after tearing the current engine down; the study stays resumable.
-    pub cancel: Arc<AtomicBool>,
+    /// Cancelled to stop after tearing the current engine down; the study stays resumable.
+    pub cancel: CancellationToken,
     /// A new study's warm start (stored with the study record when it is created).
     pub warm: Vec<WarmStart>,
     optimizer: Box<dyn Optimizer + Send>,
@@ -260,7 +261,7 @@ impl<E: Evaluator> Runner<E> {
             dropped_flags: Vec::new(),
             trigger: "manual".into(),
             progress: Box::new(|_| {}),
-            cancel: Arc::new(AtomicBool::new(false)),
+            cancel: CancellationToken::new(),
             warm: Vec::new(),
             optimizer,
         }
@@ -333,7 +334,7 @@ impl<E: Evaluator> Runner<E> {
     }
 
     fn check_cancel(&self) -> Result<(), TuneError> {
-        if self.cancel.load(Ordering::Relaxed) {
+        if self.cancel.is_cancelled() {
             Err(TuneError::Interrupted)
         } else {
             Ok(())
@@ -698,7 +699,10 @@ impl<E: Evaluator> Runner<E> {
             "trial {n}/{budget} #{} [{}] {what} · {best} · {}",
             t.seq,
             t.note,
-            t.command.as_deref().unwrap_or("")
+            t.command
+                .as_ref()
+                .map(CommandLine::display)
+                .unwrap_or_default()
         )
     }
 
@@ -1413,8 +1417,8 @@ impl<E: Evaluator> Runner<E> {
             recommended: d.recommended,
             recommended_command: recommended_trial
                 .as_ref()
-                .and_then(|t| t.command.as_deref())
-                .map(serve_command),
+                .and_then(|t| t.command.as_ref())
+                .map(CommandLine::serving),
             recommended_config: recommended_trial.as_ref().map(|t| t.config.clone()),
             comparisons: d.comparisons,
             verdict: d.verdict,
@@ -1487,7 +1491,7 @@ impl<E: Evaluator> Runner<E> {
                     study: rec.id.clone(),
                     trial: chosen.seq,
                     config: chosen.config.clone(),
-                    command: chosen.command.as_deref().map(serve_command),
+                    command: chosen.command.as_ref().map(CommandLine::serving),
                     objective,
                     metric: self.metric().label().into(),
                     improved,
@@ -1510,36 +1514,13 @@ impl<E: Evaluator> Runner<E> {
     }
 }
 
-/// Runs `fut` unless `cancel` is set first (`None` then; the caller stops the engine).
+/// Runs `fut` unless `cancel` is cancelled first (`None` then; the caller stops the engine).
 async fn guarded<T>(
-    cancel: Arc<AtomicBool>,
+    cancel: CancellationToken,
     fut: impl std::future::Future<Output = T>,
 ) -> Option<T> {
-    let watcher = async move {
-        while !cancel.load(Ordering::Relaxed) {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    };
     tokio::select! {
         r = fut => Some(r),
-        _ = watcher => None,
+        _ = cancel.cancelled() => None,
     }
-}
-
-/// A trial's command as one to serve with: the trial's free port replaced by 8000.
-pub fn serve_command(cmd: &str) -> String {
-    let mut out: Vec<&str> = Vec::new();
-    let mut it = cmd.split(' ').peekable();
-    while let Some(w) = it.next() {
-        out.push(w);
-        if w == "--port"
-            && it
-                .peek()
-                .is_some_and(|p| p.chars().all(|c| c.is_ascii_digit()))
-        {
-            it.next();
-            out.push("8000");
-        }
-    }
-    out.join(" ")
 }

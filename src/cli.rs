@@ -1,17 +1,17 @@
 //! `servetune tune STUDY.toml`, `servetune trials [STUDY]`, `servetune best [--model M]`: the
-//! foreground study and the views of the store, as text or `--json`.
+//! foreground study and the views of the store, as text or `--json` (the `api` v1 shapes).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 
-use super::spec::Study;
-use super::study::{
-    self, BestRecord, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES, TRIALS,
-};
-use super::TuneError;
+use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::store::Store;
 use crate::telemetry::Telemetry;
+use crate::tune::spec::Study;
+use crate::tune::study::{
+    self, BestRecord, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES, TRIALS,
+};
+use crate::tune::TuneError;
 use crate::util::say;
 
 /// The state directory: `--state`, else `$SERVETUNE_STATE`, else `./state`.
@@ -20,14 +20,15 @@ pub fn state_dir(arg: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("state"))
 }
 
+/// The store of a state directory, to write.
 pub fn open_store(state: &Path) -> Result<Store, TuneError> {
-    Ok(Store::open(&state.join("db"))?)
+    Ok(Store::open_state(state)?)
 }
 
 /// The store to read (`trials`, `best`, `report`): a read-only view of its mirror while a
 /// running `tune` or the daemon holds it.
 pub fn open_store_for_reading(state: &Path) -> Result<Store, TuneError> {
-    Ok(Store::open_for_reading(&state.join("db"))?)
+    Ok(Store::open_state_for_reading(state)?)
 }
 
 /// Removes a study and its trials (for `--restart`).
@@ -56,7 +57,8 @@ pub async fn tune(
         }
     }
     let telemetry = Telemetry::detect();
-    let mut runner = super::engine_runner(study, store, state.join("trials"), telemetry).await?;
+    let mut runner =
+        crate::tune::engine_runner(study, store, state.join("trials"), telemetry).await?;
     // Progress and the stop notice never panic on a closed stderr (a pipe whose reader has
     // gone, as when the pipeline it ran in was killed): `eprintln!` would, and a panic in the
     // signal watcher before it set the flag left the study, and its engine, running.
@@ -64,14 +66,18 @@ pub async fn tune(
     let cancel = runner.cancel.clone();
     let watcher = tokio::spawn(async move {
         crate::signals::terminated().await;
-        cancel.store(true, Ordering::Relaxed);
+        cancel.cancel();
         say("stopping: tearing the engine down; run the same command again to resume");
     });
     let result = runner.run().await;
     watcher.abort();
     let rec = result?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&rec).unwrap_or_default());
+        let shown = StudyV1::from(&rec);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&shown).unwrap_or_default()
+        );
     } else {
         print!("{}", summary(&rec));
     }
@@ -91,7 +97,7 @@ pub fn summary(rec: &StudyRecord) -> String {
         let _ = writeln!(s, "objective: {}", o.metric);
         let _ = writeln!(s, "verdict: {}", o.verdict);
         if let Some(c) = &o.recommended_command {
-            let _ = writeln!(s, "recommended: {c}");
+            let _ = writeln!(s, "recommended: {}", c.display());
         }
         for c in o.checks.iter().filter(|c| c.gate) {
             let state = match c.state {
@@ -160,7 +166,10 @@ pub fn trials_table(ts: &[TrialRecord]) -> String {
                 .map(|f| format!("{}: {}", f.class, crate::util::excerpt(&f.evidence, 80)))
                 .unwrap_or_default(),
             TrialStatus::Infeasible => t.early_stop.clone().unwrap_or_default(),
-            _ => t.command.clone().unwrap_or_else(|| t.note.clone()),
+            _ => t
+                .command
+                .as_ref()
+                .map_or_else(|| t.note.clone(), |c| c.display()),
         };
         let _ = writeln!(
             s,
@@ -195,7 +204,8 @@ pub fn trials_cmd(state: &Path, study: Option<&str>, json: bool) -> Result<Strin
         all.extend(study::trials(&store, id)?);
     }
     if json {
-        return Ok(serde_json::to_string_pretty(&all).unwrap_or_default() + "\n");
+        let shown: Vec<TrialV1> = all.iter().map(TrialV1::from).collect();
+        return Ok(serde_json::to_string_pretty(&shown).unwrap_or_default() + "\n");
     }
     let mut s = String::new();
     for id in &ids {
@@ -215,7 +225,8 @@ pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String,
         .filter(|b| model.is_none_or(|m| study::model_matches(&b.model, m)))
         .collect();
     if json {
-        return Ok(serde_json::to_string_pretty(&best).unwrap_or_default() + "\n");
+        let shown: Vec<BestV1> = best.iter().map(BestV1::from).collect();
+        return Ok(serde_json::to_string_pretty(&shown).unwrap_or_default() + "\n");
     }
     let mut s = String::new();
     if best.is_empty() {
@@ -241,7 +252,7 @@ pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String,
             } else {
                 ", the defaults: nothing beat them significantly"
             },
-            b.command.as_deref().unwrap_or("")
+            b.command.as_ref().map(|c| c.display()).unwrap_or_default()
         );
     }
     Ok(s)

@@ -12,13 +12,13 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::bench::abort::LatencyLimit;
-use crate::mock::profile::Machine;
-use crate::mock::sim::{Hardware, ModelSpec};
 use crate::space::{Config, Space};
+use crate::tune::eval::RunSpec;
+use crate::tune::opt::{self, key, Kind, Obs};
 
-use super::eval::RunSpec;
-use super::opt::{self, key, Kind, Obs};
-use super::sim::{SimEvaluator, SimWorkload};
+use super::evaluator::{SimEvaluator, SimWorkload};
+use super::profile::Machine;
+use super::sim::{Hardware, ModelSpec};
 
 /// A landscape: a space, a machine, a workload, constraints and noise.
 pub struct Landscape {
@@ -44,15 +44,14 @@ fn machine(profile: &str, hw: &str, model: &str) -> Result<Machine, String> {
     Ok(Machine {
         hw: Hardware::preset(hw, 16).ok_or(format!("no hardware preset {hw}"))?,
         model: ModelSpec::preset(model).ok_or(format!("no model preset {model}"))?,
-        version: crate::mock::profile::default_version(profile).to_owned(),
+        version: super::profile::default_version(profile).to_owned(),
     })
 }
 
 /// The four shipped landscapes (3 to 10 parameters).
 pub fn landscapes() -> Result<Vec<Landscape>, String> {
-    let vllm = crate::mock::profile::space("vllm", crate::mock::profile::default_version("vllm"))?;
-    let sglang =
-        crate::mock::profile::space("sglang", crate::mock::profile::default_version("sglang"))?;
+    let vllm = super::profile::space("vllm", super::profile::default_version("vllm"))?;
+    let sglang = super::profile::space("sglang", super::profile::default_version("sglang"))?;
     let chat = SimWorkload {
         name: "random-1024-256".into(),
         num_prompts: 600,

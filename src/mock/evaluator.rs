@@ -1,4 +1,4 @@
-//! An evaluator in virtual time: the mock engine's flag model (`mock::engines::settings`,
+//! `tune::eval::Evaluator` in virtual time: the mock engine's flag model (`mock::engines::settings`,
 //! with its real start-up failures) and its scheduler (`mock::sim`), no processes and no
 //! sockets. A 200-request benchmark takes milliseconds, which makes the optimiser benchmark
 //! (`servetune search-bench`) and many study tests possible.
@@ -8,15 +8,15 @@ use std::path::Path;
 
 use rand::{Rng, SeedableRng};
 
-use super::eval::{latency_key, Evaluator, Measurement, RunSpec, Started, TrialFailure};
+use super::profile::Machine;
+use super::sim::{block_hashes, simulate, Sched, Settings, SimRequest};
 use crate::bench::abort::{LatencyLimit, Stat};
 use crate::bench::metrics::Metric as M;
 use crate::bench::stats::{self, Sorted};
 use crate::engine::failure::Patterns;
-use crate::mock::profile::Machine;
-use crate::mock::sim::{block_hashes, simulate, Sched, Settings, SimRequest};
-use crate::space::{Config, Space};
+use crate::space::{CommandLine, Config, Space};
 use crate::telemetry::TelemetrySummary;
+use crate::tune::eval::{latency_key, Evaluator, Measurement, RunSpec, Started, TrialFailure};
 
 /// A synthetic workload (random prompts, as `--dataset-name random`).
 #[derive(Debug, Clone, PartialEq)]
@@ -146,7 +146,7 @@ impl SimEvaluator {
         let mut full = match self.engine_defaults.get(&profile) {
             Some(d) => d.clone(),
             None => {
-                let d = crate::mock::profile::space(&profile, &self.machine.version)
+                let d = super::profile::space(&profile, &self.machine.version)
                     .map(|s| s.defaults())
                     .unwrap_or_default();
                 self.engine_defaults.insert(profile.clone(), d.clone());
@@ -156,13 +156,15 @@ impl SimEvaluator {
         full.extend(space.defaults());
         full.extend(ecfg.clone());
         let mml = self.max_model_len(space);
-        match crate::mock::engines::settings(&profile, &full, mml, &self.machine) {
+        match super::engines::settings(&profile, &full, mml, &self.machine) {
             Ok((mut settings, _banner, oom)) => {
                 settings.noise = self.noise;
-                let command = std::iter::once(profile.clone())
-                    .chain(ecfg.iter().map(|(k, v)| format!("{k}={v}")))
-                    .collect::<Vec<_>>()
-                    .join(" ");
+                let command = CommandLine {
+                    env: Vec::new(),
+                    argv: std::iter::once(profile.clone())
+                        .chain(ecfg.iter().map(|(k, v)| format!("{k}={v}")))
+                        .collect(),
+                };
                 self.current = Some((profile.clone(), settings, oom));
                 Ok(Started {
                     command,
@@ -209,7 +211,7 @@ impl SimEvaluator {
         let (out, makespan) = simulate(&mut sched, &reqs, w.max_concurrency);
         if let Some(limit) = oom {
             if sched.stats.max_prefill_tokens > limit {
-                let log = crate::mock::engines::runtime_oom_log(
+                let log = super::engines::runtime_oom_log(
                     &profile,
                     sched.stats.max_prefill_tokens,
                     self.machine.hw.mem_gib,

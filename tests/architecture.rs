@@ -1,0 +1,274 @@
+//! The allowed dependency directions between the crate's top-level modules, as
+//! ARCHITECTURE.md states them, checked against every `crate::…` and `super::…` path in
+//! `src/`. A new edge fails here until the document allows it, so the document stays true and
+//! a layering mistake (production code reaching into the mock, `space` importing `engine`) is
+//! caught in review rather than found later.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// `module -> modules it may use`, from the "Dependency directions" section.
+fn allowed_from_doc(doc: &str) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+    let start = doc
+        .find("\n## Dependency directions")
+        .ok_or("ARCHITECTURE.md has no \"## Dependency directions\" section")?;
+    let body = &doc[start + 1..];
+    let body = body[2..].find("\n## ").map_or(body, |end| &body[..end + 2]);
+    let mut allowed = BTreeMap::new();
+    for line in body.lines().filter(|l| l.starts_with("- `")) {
+        let (head, rest) = line
+            .split_once(':')
+            .ok_or_else(|| format!("no ':' in {line:?}"))?;
+        let module = head.trim_start_matches("- ").trim_matches('`').to_owned();
+        let uses: BTreeSet<String> = rest
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        if uses.is_empty() && !rest.trim_start().starts_with("nothing") {
+            return Err(format!(
+                "{line:?}: list modules in backticks, or say nothing"
+            ));
+        }
+        allowed.insert(module, uses);
+    }
+    if allowed.is_empty() {
+        return Err("the Dependency directions section lists no module".into());
+    }
+    Ok(allowed)
+}
+
+/// The top-level module a file belongs to and its depth in the module tree
+/// (`src/a.rs`, `src/a/mod.rs`: 1; `src/a/b.rs`: 2 …). `None` for the crate roots.
+fn module_of(rel: &Path) -> Option<(String, usize)> {
+    let parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.last()?.trim_end_matches(".rs").to_owned();
+    if parts.len() == 1 && (last == "lib" || last == "main") {
+        return None;
+    }
+    let depth = if last == "mod" {
+        parts.len() - 1
+    } else {
+        parts.len()
+    };
+    let top = if parts.len() == 1 {
+        last
+    } else {
+        parts[0].clone()
+    };
+    Some((top, depth))
+}
+
+/// The code of a file without comments and without its `#[cfg(test)]` tail (unit tests may
+/// use anything: the tokenizer's tests build prompts with the load generator's sampler).
+fn code_of(text: &str) -> String {
+    let mut out = String::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        let t = line.trim_start();
+        if t.starts_with("#[cfg(test)]")
+            && lines
+                .peek()
+                .is_some_and(|n| n.trim_start().starts_with("mod "))
+        {
+            break;
+        }
+        let code = t.split("//").next().unwrap_or("");
+        out.push_str(code);
+        out.push('\n');
+    }
+    out
+}
+
+/// The top-level modules a file's code names (`crate::x`, `crate::{x, y::z}`, and `super::`
+/// chains that climb to the crate root).
+fn used_modules(code: &str, depth: usize) -> BTreeSet<String> {
+    let mut used = BTreeSet::new();
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        let before = rest[..i].chars().last();
+        let after = &rest[i + "crate::".len()..];
+        rest = after;
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+            continue; // `servetune_crate::`, `$crate::`
+        }
+        if let Some(group) = after.strip_prefix('{') {
+            let inner = group.split('}').next().unwrap_or("");
+            for item in inner.split(',') {
+                let name = ident(item.trim());
+                if !name.is_empty() {
+                    used.insert(name);
+                }
+            }
+        } else {
+            let name = ident(after);
+            if !name.is_empty() {
+                used.insert(name);
+            }
+        }
+    }
+    let mut rest = code;
+    while let Some(i) = rest.find("super::") {
+        let before = rest[..i].chars().last();
+        let mut after = &rest[i..];
+        let mut climbs = 0;
+        while let Some(a) = after.strip_prefix("super::") {
+            climbs += 1;
+            after = a;
+        }
+        rest = after;
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') || climbs < depth {
+            continue;
+        }
+        let name = ident(after);
+        if !name.is_empty() {
+            used.insert(name);
+        }
+    }
+    used
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Every edge of the crate that the document does not allow, as `file: a -> b`.
+fn violations(src: &Path, allowed: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(src).expect("under src");
+        let Some((module, depth)) = module_of(rel) else {
+            continue;
+        };
+        let text = fs::read_to_string(&f).expect("readable source");
+        let Some(ok) = allowed.get(&module) else {
+            bad.push(format!(
+                "{}: module `{module}` is not in ARCHITECTURE.md's Dependency directions",
+                rel.display()
+            ));
+            continue;
+        };
+        for used in used_modules(&code_of(&text), depth) {
+            if used != module && allowed.contains_key(&used) && !ok.contains(&used) {
+                bad.push(format!("{}: {module} -> {used}", rel.display()));
+            }
+        }
+    }
+    bad
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn every_use_crate_follows_the_documented_directions() {
+    let doc = fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let allowed = allowed_from_doc(&doc).unwrap();
+    let bad = violations(&root().join("src"), &allowed);
+    assert!(
+        bad.is_empty(),
+        "dependencies ARCHITECTURE.md does not allow:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_documented_modules_are_the_crates_modules() {
+    let doc = fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let allowed = allowed_from_doc(&doc).unwrap();
+    let lib = fs::read_to_string(root().join("src/lib.rs")).expect("src/lib.rs");
+    let declared: BTreeSet<String> = lib
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_owned())
+        .collect();
+    let documented: BTreeSet<String> = allowed.keys().cloned().collect();
+    assert_eq!(declared, documented);
+    for (m, uses) in &allowed {
+        for u in uses {
+            assert!(
+                declared.contains(u),
+                "{m} may use `{u}`, which is no module"
+            );
+        }
+    }
+}
+
+#[test]
+fn nothing_but_the_binary_uses_the_mock() {
+    let doc = fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let allowed = allowed_from_doc(&doc).unwrap();
+    let users: Vec<&String> = allowed
+        .iter()
+        .filter(|(_, uses)| uses.contains("mock"))
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        users.is_empty(),
+        "production modules allowed to use the mock: {users:?}"
+    );
+}
+
+/// The checker itself: each way of naming a module is seen, comments and unit tests are not,
+/// and an edge the table lacks is reported with its file.
+#[test]
+fn the_checker_sees_every_form_of_path() {
+    let code = code_of(
+        "use crate::space::Space;\nuse crate::{store, bench::stats};\nfn f() { super::super::engine::x(); }\n// crate::mock in a comment\nlet s = $crate::util;\n#[cfg(test)]\nmod tests { use crate::report; }\n",
+    );
+    let used = used_modules(&code, 2);
+    let expect: BTreeSet<String> = ["space", "store", "bench", "engine"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(used, expect);
+    // One level of super:: from depth 2 stays inside the module.
+    assert!(used_modules("super::sim::run();", 2).is_empty());
+    assert_eq!(
+        used_modules("super::tune::x();", 1),
+        BTreeSet::from(["tune".to_string()])
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("space")).unwrap();
+    fs::write(
+        dir.path().join("space/mod.rs"),
+        "use crate::engine::launch::Ladder;\n",
+    )
+    .unwrap();
+    fs::write(dir.path().join("engine.rs"), "use crate::space::Space;\n").unwrap();
+    let allowed = allowed_from_doc(
+        "x\n## Dependency directions\n- `space`: nothing\n- `engine`: `space`\n## Next\n- `other`: `space`\n",
+    )
+    .unwrap();
+    assert_eq!(allowed.len(), 2, "the section ends at the next heading");
+    assert_eq!(
+        violations(dir.path(), &allowed),
+        vec!["space/mod.rs: space -> engine".to_string()]
+    );
+    assert!(allowed_from_doc("- `a`: b\n").is_err());
+}
