@@ -43,6 +43,8 @@ pub struct StudyV1 {
     pub best_objective: Option<f64>,
     pub outcome: Option<OutcomeV1>,
     pub warm_start: Vec<WarmStart>,
+    /// The space's log-scaled parameters.
+    pub log_params: Vec<String>,
 }
 
 /// The decision: what to run (or keep the defaults), and the evidence.
@@ -149,6 +151,7 @@ impl From<&StudyRecord> for StudyV1 {
             best_objective: r.best_objective,
             outcome: r.outcome.as_ref().map(OutcomeV1::from),
             warm_start: r.warm_start.clone(),
+            log_params: r.log_params.clone(),
         }
     }
 }

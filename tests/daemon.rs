@@ -1010,29 +1010,9 @@ fn a_bad_config_exits_64_naming_the_field_before_binding() {
 
 // ---- the status page in a browser ----
 
-fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .flat_map(|n| {
-            std::env::var_os("PATH")
-                .map(|p| {
-                    std::env::split_paths(&p)
-                        .map(|d| d.join(n))
-                        .collect::<Vec<_>>()
-                })
-                .unwrap_or_default()
-        })
-        .find(|p| p.is_file())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_renders_and_updates_itself_in_headless_chromium() {
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("SERVETUNE_REQUIRE_CHROMIUM").is_none(),
-            "SERVETUNE_REQUIRE_CHROMIUM is set and no chromium is installed"
-        );
-        eprintln!("skipped: no chromium (apt-get install chromium)");
+    let Some(browser) = common::chromium() else {
         return;
     };
     let f = Fixture::new();
@@ -1046,31 +1026,7 @@ async fn the_status_page_renders_and_updates_itself_in_headless_chromium() {
     assert!(ct.starts_with("text/html"), "{ct}");
     assert!(html.contains("<svg") && html.contains(&id), "{html}");
     let profile = f.path().join("chromium-profile");
-    let out = tokio::process::Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--no-first-run",
-            "--virtual-time-budget=3000",
-            &format!("--user-data-dir={}", profile.display()),
-            "--dump-dom",
-            &format!("{}/", api.base),
-        ])
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), out)
-        .await
-        .expect("chromium hung")
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dom = common::dump_dom(&browser, &format!("{}/", api.base), &profile, 1280).await;
     // The script ran in the browser, fetched /v1/status and wrote the live line.
     assert!(dom.contains("id=\"live\" data-state=\"ok\""), "{dom}");
     assert!(dom.contains("idle · 0 waiting"), "{dom}");

@@ -18,6 +18,7 @@ use servetune::mock::profile::{default_version, Machine};
 use servetune::mock::sim::{Hardware, ModelSpec};
 use servetune::space::{Config, Space, Value};
 use servetune::store::Store;
+use servetune::tune::decide::CheckState;
 use servetune::tune::eval::{Evaluator, RunSpec};
 use servetune::tune::opt::Kind;
 use servetune::tune::spec::Study;
@@ -654,6 +655,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
                 best_objective: None,
                 outcome: None,
                 warm_start: vec![],
+                log_params: vec![],
             },
         )
         .unwrap();
@@ -735,13 +737,9 @@ async fn a_max_rate_study_finds_the_highest_rate_within_the_slo() {
     );
 }
 
-/// The report of a simulated study, compared with the snapshot in `tests/snapshots/` (insta:
-/// `cargo insta review`, or INSTA_UPDATE=always, after an intended change). The virtual-time evaluator makes
-/// every figure deterministic; wall-clock times do not appear in the report.
-#[tokio::test]
-async fn the_report_of_a_study_matches_its_snapshot() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
+/// The simulated study the report tests read: 14 trials of TPE over four vLLM parameters (two
+/// log-scaled, one categorical) on two workloads.
+async fn run_report_study(store: &Store) {
     let text = study_text_with(
         "sim-report",
         "tpe",
@@ -751,7 +749,7 @@ async fn the_report_of_a_study_matches_its_snapshot() {
     ) + "\n[[workload]]\nname = \"second\"\nargs = [\"--dataset-name\", \"random\", \"--random-input-len\", \"256\", \"--random-output-len\", \"128\", \"--num-prompts\", \"100\", \"--max-concurrency\", \"32\", \"--tokenizer\", \"words\"]\n";
     // The file's "second" describes what the virtual-time evaluator runs for it (below): the
     // report prints these flags as the workload's.
-    let mut r = sim_runner_with(&store, text, "a100", "32b");
+    let mut r = sim_runner_with(store, text, "a100", "32b");
     // The primary as the file's flags describe it (`--dataset-name random` defaults to 1024
     // input and 128 output tokens; `--max-concurrency 32`).
     r.eval.workloads[0].output_len = 128;
@@ -767,6 +765,16 @@ async fn the_report_of_a_study_matches_its_snapshot() {
     });
     r.study.spec.budget.trials = 14;
     r.run().await.unwrap();
+}
+
+/// The report of a simulated study, compared with the snapshot in `tests/snapshots/` (insta:
+/// `cargo insta review`, or INSTA_UPDATE=always, after an intended change). The virtual-time evaluator makes
+/// every figure deterministic; wall-clock times do not appear in the report.
+#[tokio::test]
+async fn the_report_of_a_study_matches_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    run_report_study(&store).await;
     let md = servetune::report::render(&store, "sim-report", "md", None).unwrap();
     // The shape: conclusion first, then the sections of the seeds' reports.
     let order = [
@@ -798,9 +806,127 @@ async fn the_report_of_a_study_matches_its_snapshot() {
         .unwrap()
         .contains("<circle"));
     let html = servetune::report::render(&store, "sim-report", "html", None).unwrap();
-    assert!(html.starts_with("<!doctype html>") && html.matches("<svg").count() >= 3);
+    assert!(html.starts_with("<!DOCTYPE html>") && html.matches("<svg").count() >= 3);
     assert!(servetune::report::render(&store, "sim-report", "pdf", None).is_err());
     assert!(servetune::report::render(&store, "nope", "md", None).is_err());
+}
+
+/// What the probe script appended to the HTML report measured in the browser.
+fn probe_of(dom: &str) -> serde_json::Value {
+    let start = dom.find("data-probe=\"").expect("the probe ran") + "data-probe=\"".len();
+    let raw = &dom[start..start + dom[start..].find('"').unwrap()];
+    let json = raw
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
+}
+
+/// The HTML report, rendered by headless Chromium in an 800-pixel window: the verdict is a
+/// visible banner, a REGRESSION cell is red and bold, a long recommended command wraps
+/// instead of widening the page, log-scaled parameters' effect charts have a log axis with
+/// power-of-two ticks, and a categorical chart's ticks are its values.
+#[tokio::test]
+async fn the_html_report_marks_the_verdict_and_regressions_and_fits_the_page_in_chromium() {
+    let Some(browser) = common::chromium() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    run_report_study(&store).await;
+    // A regression on the second workload, and a recommended command with a 600-character
+    // argument that has no space to break at.
+    let mut rec: StudyRecord = store.get(study::STUDIES, "sim-report").unwrap().unwrap();
+    let out = rec.outcome.as_mut().expect("finished");
+    assert!(
+        out.recommended.is_some(),
+        "the study recommends a configuration"
+    );
+    let check = out.checks.last_mut().expect("checks of the leader");
+    check.state = CheckState::Regression;
+    let mut cmd = out.recommended_command.clone().expect("a command");
+    cmd.argv.push("--speculative-config".into());
+    cmd.argv
+        .push(format!("{{\"draft\":\"{}\"}}", "x".repeat(600)));
+    out.recommended_command = Some(cmd);
+    store.put(study::STUDIES, "sim-report", &rec).unwrap();
+
+    let html = servetune::report::render(&store, "sim-report", "html", None).unwrap();
+    let probe = r#"<script>
+const r = {};
+const cmd = document.getElementById('command');
+r.command_wraps = cmd.scrollWidth <= cmd.clientWidth + 1;
+r.command_lines = Math.round(cmd.getBoundingClientRect().height / parseFloat(getComputedStyle(cmd).lineHeight || 16));
+r.page_fits = document.documentElement.scrollWidth <= window.innerWidth + 1;
+const reg = document.querySelector('td.regression');
+r.regression = reg && { text: reg.textContent, color: getComputedStyle(reg).color, weight: getComputedStyle(reg).fontWeight };
+const v = document.getElementById('verdict');
+r.verdict = { cls: v.className, label: v.querySelector('.label').textContent, height: v.offsetHeight, border: getComputedStyle(v).borderLeftWidth };
+r.charts = {};
+for (const s of document.querySelectorAll('svg[data-x-axis]')) {
+  r.charts[s.parentElement.id] = { axis: s.dataset.xAxis, ticks: [...s.querySelectorAll('text.x-tick')].map(t => t.textContent) };
+}
+document.body.setAttribute('data-probe', JSON.stringify(r));
+</script></body>"#;
+    let page = dir.path().join("report.html");
+    std::fs::write(&page, html.replace("</body>", probe)).unwrap();
+    let dom = common::dump_dom(
+        &browser,
+        &format!("file://{}", page.display()),
+        &dir.path().join("chromium-profile"),
+        800,
+    )
+    .await;
+    let p = probe_of(&dom);
+
+    assert_eq!(p["verdict"]["cls"], "verdict recommend", "{p}");
+    assert_eq!(p["verdict"]["label"], "Recommended", "{p}");
+    assert!(p["verdict"]["height"].as_f64().unwrap() > 10.0, "{p}");
+    assert_eq!(p["verdict"]["border"], "6px", "{p}");
+
+    let reg = &p["regression"];
+    assert!(
+        reg["text"].as_str().unwrap().ends_with(" REGRESSION"),
+        "{p}"
+    );
+    assert_eq!(reg["color"], "rgb(176, 0, 32)", "{p}");
+    assert_eq!(reg["weight"], "700", "{p}");
+
+    assert_eq!(p["command_wraps"], true, "{p}");
+    assert!(p["command_lines"].as_f64().unwrap() >= 3.0, "{p}");
+    assert_eq!(p["page_fits"], true, "{p}");
+
+    for log_param in ["max_num_seqs", "max_num_batched_tokens"] {
+        let c = &p["charts"][format!("chart-effect-{log_param}")];
+        assert_eq!(c["axis"], "log", "{log_param}: {p}");
+        let ticks: Vec<f64> = c["ticks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().parse().unwrap())
+            .collect();
+        assert!(ticks.len() >= 2, "{log_param}: {ticks:?}");
+        let powers_of = |b: f64| ticks.iter().all(|t| (t.ln() / b.ln()).fract().abs() < 1e-9);
+        assert!(
+            powers_of(2.0) || powers_of(10.0),
+            "{log_param}: ticks are powers of two or ten: {ticks:?}"
+        );
+    }
+    let gmu = &p["charts"]["chart-effect-gpu_memory_utilization"];
+    assert_eq!(gmu["axis"], "linear", "{p}");
+    let q = &p["charts"]["chart-effect-quantization"];
+    assert_eq!(q["axis"], "categorical", "{p}");
+    let ticks: Vec<&str> = q["ticks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert!(
+        !ticks.is_empty() && ticks.iter().all(|t| ["none", "fp8"].contains(t)),
+        "categorical ticks are the values: {ticks:?}"
+    );
 }
 
 /// `@vllm` and `@smollm2-hf` stand for what `servetune setup vllm` installs, in `[binaries]`

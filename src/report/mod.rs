@@ -4,6 +4,7 @@
 //! intervals), then the environment, the engines, every option explored with its effect, the
 //! failures and early stops, the full "Serving Benchmark Result" blocks, and charts (SVG).
 
+mod html;
 pub mod svg;
 
 use std::collections::BTreeMap;
@@ -18,10 +19,10 @@ use crate::bench::metrics::Summary;
 use crate::bench::output::{vllm_block, RunInfo};
 use crate::space::{Config, Value};
 use crate::store::{Store, StoreError};
-use crate::tune::decide::CheckState;
+use crate::tune::decide::{CheckState, Comparison};
 use crate::tune::stats::Diff;
 use crate::tune::study::{self, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, STUDIES};
-use svg::Mark;
+use svg::{Mark, XAxis};
 
 #[derive(Debug, Error)]
 pub enum ReportError {
@@ -450,9 +451,14 @@ pub fn charts(d: &ReportData) -> Vec<(String, String)> {
                     (x, y(t), mark_of(t))
                 })
                 .collect();
+            let axis = if d.study.log_params.contains(&name) {
+                XAxis::Log
+            } else {
+                XAxis::Linear
+            };
             out.push((
                 format!("effect-{name}"),
-                svg::effect(&name, &pts, None, &ylabel),
+                svg::effect(&name, &pts, axis, &ylabel),
             ));
         } else {
             let mut labels: Vec<String> = vals.iter().map(|(v, _)| show(v)).collect();
@@ -470,7 +476,7 @@ pub fn charts(d: &ReportData) -> Vec<(String, String)> {
                 .collect();
             out.push((
                 format!("effect-{name}"),
-                svg::effect(&name, &pts, Some(&labels), &ylabel),
+                svg::effect(&name, &pts, XAxis::Categories(&labels), &ylabel),
             ));
         }
     }
@@ -553,12 +559,7 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         }
     }
     if !d.rows.is_empty() {
-        // The rows describe the leader; it is "recommended" only when the gate recommended it.
-        let column = match (d.recommended_trial, d.leader_trial) {
-            (Some(r), _) => format!("recommended #{r}"),
-            (None, Some(l)) => format!("candidate #{l} (not recommended)"),
-            (None, None) => "candidate".into(),
-        };
+        let column = leader_column(d);
         let _ = writeln!(
             o,
             "| workload | metric | baseline #{} (mean ± 95% CI) | {column} | change [95% CI] |",
@@ -566,11 +567,7 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         );
         let _ = writeln!(o, "|---|---|---|---|---|");
         for r in &d.rows {
-            let change = match (&r.diff, &r.note) {
-                (_, Some(n)) => n.clone(),
-                (Some(df), None) => pm(df),
-                (None, None) => "-".into(),
-            };
+            let change = change_text(r);
             let change = match (r.state, r.gate) {
                 (CheckState::Regression, _) => format!("**{change} REGRESSION**"),
                 (CheckState::Inconclusive, _) => format!("{change} *inconclusive*"),
@@ -598,30 +595,7 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
             let _ = writeln!(o, "| trial | change of the objective [95% CI] | note |");
             let _ = writeln!(o, "|---|---|---|");
             for c in &out.comparisons {
-                let alone = c.diff.as_ref().is_some_and(|d| d.n_b == 0);
-                let value = match &c.diff {
-                    Some(d) if alone => format!(
-                        "{:.2} [{:.2}, {:.2}] (defaults failed: no comparison)",
-                        d.mean_a, d.low, d.high
-                    ),
-                    Some(d) => pm(d),
-                    None => "-".into(),
-                };
-                let adj = c
-                    .p_adjusted
-                    .map(|p| {
-                        format!(
-                            " (Holm-adjusted one-sided p = {p:.4} against {})",
-                            crate::tune::decide::ALPHA
-                        )
-                    })
-                    .unwrap_or_default();
-                let note = match (&c.disqualified, &c.diff) {
-                    (Some(why), _) => why.clone(),
-                    (None, Some(_)) if alone => "met the constraints in its pooled rounds".into(),
-                    (None, Some(_)) if c.significant => format!("significant{adj}"),
-                    _ => format!("not significant{adj}"),
-                };
+                let (value, note) = comparison_cells(c);
                 let _ = writeln!(o, "| #{} | {value} | {note} |", c.candidate);
             }
             let _ = writeln!(o);
@@ -728,17 +702,7 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
     );
     let _ = writeln!(o, "|---|---|---|---|---|---|");
     for t in &d.trials {
-        let kind = match &t.kind {
-            TrialKind::Search => "search".to_string(),
-            TrialKind::Remeasure { round, candidate } => {
-                format!("re-measure #{candidate} r{}", round + 1)
-            }
-            TrialKind::Validate {
-                workload,
-                round,
-                candidate,
-            } => format!("{workload} #{candidate} r{}", round + 1),
-        };
+        let kind = kind_label(&t.kind);
         let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             o,
@@ -768,39 +732,11 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
             }
         }
     }
-    // Runs other processes disturbed: run again (search), or set aside by the gate (rounds).
-    let set_aside: &[u32] = d
-        .study
-        .outcome
-        .as_ref()
-        .map(|o| o.set_aside.as_slice())
-        .unwrap_or(&[]);
-    let mut disturbed = Vec::new();
-    for t in &d.trials {
-        // Without screening the screen is the full run: one line.
-        let full = t.full.as_ref().filter(|f| Some(*f) != t.screen.as_ref());
-        for m in [t.screen.as_ref(), full].into_iter().flatten() {
-            if let Some(r) = &m.replaces {
-                disturbed.push(format!("- #{}: {r}", t.seq));
-            }
-        }
-        if set_aside.contains(&t.seq) {
-            let cores = t
-                .full
-                .as_ref()
-                .and_then(|m| m.foreign_cores)
-                .map(|f| format!("{f:.2}"))
-                .unwrap_or_else(|| "?".into());
-            disturbed.push(format!(
-                "- #{}: set aside by the gate (other processes kept {cores} cores busy)",
-                t.seq
-            ));
-        }
-    }
+    let disturbed = disturbed_lines(d);
     if !disturbed.is_empty() {
         let _ = writeln!(o, "\n## Runs replaced or set aside\n");
         for line in disturbed {
-            let _ = writeln!(o, "{line}");
+            let _ = writeln!(o, "- {line}");
         }
     }
     let stops: Vec<&TrialRecord> = d.trials.iter().filter(|t| t.early_stop.is_some()).collect();
@@ -814,18 +750,10 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
     let _ = writeln!(
         o,
         "\n## Serving Benchmark Result blocks ({})\n",
-        d.workloads
-            .first()
-            .map(|w| w.0.as_str())
-            .unwrap_or("primary")
+        primary_name(d)
     );
-    for (label, seq) in [
-        ("baseline", d.baseline_trial),
-        ("recommended", d.recommended_trial),
-    ] {
-        if let Some(b) = seq.and_then(|s| block_of(d, s)) {
-            let _ = writeln!(o, "{label} (#{}):\n\n```\n{b}```\n", seq.unwrap_or(0));
-        }
+    for (label, seq, b) in blocks(d) {
+        let _ = writeln!(o, "{label} (#{seq}):\n\n```\n{b}```\n");
     }
     if !chart_files.is_empty() {
         let _ = writeln!(o, "## Charts\n");
@@ -834,6 +762,122 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         }
     }
     o
+}
+
+/// The conclusion table's column for the leader: "recommended" only when the gate recommended
+/// it.
+fn leader_column(d: &ReportData) -> String {
+    match (d.recommended_trial, d.leader_trial) {
+        (Some(r), _) => format!("recommended #{r}"),
+        (None, Some(l)) => format!("candidate #{l} (not recommended)"),
+        (None, None) => "candidate".into(),
+    }
+}
+
+/// A conclusion row's change, before any emphasis.
+fn change_text(r: &Row) -> String {
+    match (&r.diff, &r.note) {
+        (_, Some(n)) => n.clone(),
+        (Some(df), None) => pm(df),
+        (None, None) => "-".into(),
+    }
+}
+
+/// A re-measured candidate's value and note cells.
+fn comparison_cells(c: &Comparison) -> (String, String) {
+    let alone = c.diff.as_ref().is_some_and(|d| d.n_b == 0);
+    let value = match &c.diff {
+        Some(d) if alone => format!(
+            "{:.2} [{:.2}, {:.2}] (defaults failed: no comparison)",
+            d.mean_a, d.low, d.high
+        ),
+        Some(d) => pm(d),
+        None => "-".into(),
+    };
+    let adj = c
+        .p_adjusted
+        .map(|p| {
+            format!(
+                " (Holm-adjusted one-sided p = {p:.4} against {})",
+                crate::tune::decide::ALPHA
+            )
+        })
+        .unwrap_or_default();
+    let note = match (&c.disqualified, &c.diff) {
+        (Some(why), _) => why.clone(),
+        (None, Some(_)) if alone => "met the constraints in its pooled rounds".into(),
+        (None, Some(_)) if c.significant => format!("significant{adj}"),
+        _ => format!("not significant{adj}"),
+    };
+    (value, note)
+}
+
+fn kind_label(k: &TrialKind) -> String {
+    match k {
+        TrialKind::Search => "search".to_string(),
+        TrialKind::Remeasure { round, candidate } => {
+            format!("re-measure #{candidate} r{}", round + 1)
+        }
+        TrialKind::Validate {
+            workload,
+            round,
+            candidate,
+        } => format!("{workload} #{candidate} r{}", round + 1),
+    }
+}
+
+fn primary_name(d: &ReportData) -> &str {
+    d.workloads
+        .first()
+        .map(|w| w.0.as_str())
+        .unwrap_or("primary")
+}
+
+/// The vLLM-style result blocks of the baseline and the recommended trial.
+fn blocks(d: &ReportData) -> Vec<(&'static str, u32, String)> {
+    [
+        ("baseline", d.baseline_trial),
+        ("recommended", d.recommended_trial),
+    ]
+    .into_iter()
+    .filter_map(|(label, seq)| {
+        let seq = seq?;
+        Some((label, seq, block_of(d, seq)?))
+    })
+    .collect()
+}
+
+/// Runs other processes disturbed: run again (search), or set aside by the gate (rounds).
+fn disturbed_lines(d: &ReportData) -> Vec<String> {
+    let set_aside: &[u32] = d
+        .study
+        .outcome
+        .as_ref()
+        .map(|o| o.set_aside.as_slice())
+        .unwrap_or(&[]);
+    let mut disturbed = Vec::new();
+    for t in &d.trials {
+        // Without screening the screen is the full run: one line.
+        let full = t.full.as_ref().filter(|f| Some(*f) != t.screen.as_ref());
+        for m in [t.screen.as_ref(), full].into_iter().flatten() {
+            if let Some(r) = &m.replaces {
+                disturbed.push(format!("#{}: {r}", t.seq));
+            }
+        }
+        if set_aside.contains(&t.seq) {
+            let cores = t
+                .full
+                .as_ref()
+                .and_then(|m| m.foreign_cores)
+                .map(|f| format!("{f:.2}"))
+                .unwrap_or_else(|| "?".into());
+            disturbed.push(format!(
+                "#{}: set aside by the gate (other processes kept {cores} cores busy)",
+                t.seq
+            ));
+        }
+    }
+    disturbed
 }
 
 /// The JSON report: the data and the charts.
@@ -864,73 +908,9 @@ pub fn json(d: &ReportData) -> serde_json::Value {
     Value::Object(m)
 }
 
-/// A self-contained HTML page: the Markdown's content with the charts inline.
+/// A self-contained HTML page, generated from the data (`html.rs`).
 pub fn html(d: &ReportData) -> String {
-    let md = markdown(d, &[]);
-    let mut body = String::new();
-    let mut in_code = false;
-    let mut in_table = false;
-    for line in md.lines() {
-        let esc = |s: &str| {
-            s.replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-        };
-        if line.starts_with("```") {
-            body.push_str(if in_code { "</pre>\n" } else { "<pre>" });
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            body.push_str(&esc(line));
-            body.push('\n');
-            continue;
-        }
-        if line.starts_with('|') {
-            if line.starts_with("|---") {
-                continue;
-            }
-            if !in_table {
-                body.push_str("<table>\n");
-                in_table = true;
-            }
-            let cells: Vec<&str> = line.trim_matches('|').split(" | ").collect();
-            body.push_str("<tr>");
-            for c in cells {
-                let _ = write!(body, "<td>{}</td>", esc(c.trim()).replace("**", ""));
-            }
-            body.push_str("</tr>\n");
-            continue;
-        } else if in_table {
-            body.push_str("</table>\n");
-            in_table = false;
-        }
-        if let Some(h) = line.strip_prefix("## ") {
-            let _ = writeln!(body, "<h2>{}</h2>", esc(h));
-        } else if let Some(h) = line.strip_prefix("# ") {
-            let _ = writeln!(body, "<h1>{}</h1>", esc(h));
-        } else if let Some(li) = line.strip_prefix("- ") {
-            let _ = writeln!(body, "<p>• {}</p>", esc(li).replace('`', ""));
-        } else if !line.trim().is_empty() {
-            let _ = writeln!(body, "<p>{}</p>", esc(line).replace('`', ""));
-        }
-    }
-    if in_table {
-        body.push_str("</table>\n");
-    }
-    body.push_str("<h2>Charts</h2>\n");
-    for (_, svg) in charts(d) {
-        body.push_str(&svg);
-        body.push('\n');
-    }
-    format!(
-        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>servetune report: {}</title><style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 6px}}pre{{background:#f6f6f6;padding:8px}}svg{{display:block;margin:1em 0}}</style></head><body>\n{body}</body></html>\n",
-        rec_id(d)
-    )
-}
-
-fn rec_id(d: &ReportData) -> String {
-    d.study.id.replace('<', "")
+    html::page(d)
 }
 
 /// Whether the study is finished.

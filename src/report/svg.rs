@@ -1,5 +1,6 @@
 //! Hand-written SVG charts for the report: best-so-far against trial number, throughput against
-//! latency with the Pareto front, and the effect of each parameter. No dependencies, fixed
+//! latency with the Pareto front, and the effect of each parameter (on a log axis for a
+//! log-scaled one, with its values as ticks for a categorical one). No dependencies, fixed
 //! sizes, numbers formatted with a fixed precision so that snapshots are stable.
 
 use std::fmt::Write as _;
@@ -54,15 +55,37 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-struct Frame {
+/// How an effect chart's x axis shows a parameter's values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum XAxis<'a> {
+    Linear,
+    /// A log-scaled parameter: positions by log10, ticks at powers of two (or ten).
+    Log,
+    /// A categorical parameter: one tick per value, labelled with it, at x = its index.
+    Categories(&'a [String]),
+}
+
+impl XAxis<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            XAxis::Linear => "linear",
+            XAxis::Log => "log",
+            XAxis::Categories(_) => "categorical",
+        }
+    }
+}
+
+struct Frame<'a> {
     x0: f64,
     x1: f64,
     y0: f64,
     y1: f64,
+    /// The x axis; `x0`/`x1` are log10 values on a log axis.
+    xaxis: XAxis<'a>,
 }
 
-impl Frame {
-    fn new(xs: &[f64], ys: &[f64]) -> Frame {
+impl<'a> Frame<'a> {
+    fn new(xs: &[f64], ys: &[f64]) -> Frame<'a> {
         let fin = |v: &[f64]| -> (f64, f64) {
             let f: Vec<f64> = v.iter().cloned().filter(|x| x.is_finite()).collect();
             if f.is_empty() {
@@ -84,10 +107,50 @@ impl Frame {
             x1,
             y0: (y0 - pad).max(if y0 >= 0.0 { 0.0 } else { f64::NEG_INFINITY }),
             y1: y1 + pad,
+            xaxis: XAxis::Linear,
         }
     }
+    /// The pixel of a data value (on a log axis, of its log10).
     fn px(&self, x: f64) -> f64 {
+        let x = if self.xaxis == XAxis::Log {
+            x.max(f64::MIN_POSITIVE).log10()
+        } else {
+            x
+        };
         L + (x - self.x0) / (self.x1 - self.x0) * (W - L - R)
+    }
+    /// The x ticks: positions as data values, and their labels.
+    fn x_ticks(&self) -> Vec<(f64, String)> {
+        match &self.xaxis {
+            XAxis::Categories(labels) => labels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (i as f64, l.clone()))
+                .collect(),
+            XAxis::Log => {
+                // Powers of two (the steps engine flags come in) up to 13 ticks, at least 45
+                // pixels apart, else powers of ten.
+                let (lo, hi) = (10f64.powf(self.x0), 10f64.powf(self.x1));
+                let base: f64 = if (hi / lo).log2() <= 13.0 { 2.0 } else { 10.0 };
+                let mut t = base.powf((lo.ln() / base.ln()).ceil());
+                let mut out = Vec::new();
+                while t <= hi * (1.0 + 1e-9) && out.len() < 64 {
+                    out.push((t, fmt_tick(t)));
+                    t *= base;
+                }
+                out
+            }
+            XAxis::Linear => {
+                let sx = step(self.x1 - self.x0);
+                let mut x = (self.x0 / sx).ceil() * sx;
+                let mut out = Vec::new();
+                while x <= self.x1 + 1e-9 {
+                    out.push((x, fmt_tick(x)));
+                    x += sx;
+                }
+                out
+            }
+        }
     }
     fn py(&self, y: f64) -> f64 {
         H - B - (y - self.y0) / (self.y1 - self.y0) * (H - T - B)
@@ -95,7 +158,8 @@ impl Frame {
     fn axes(&self, o: &mut String, title: &str, xl: &str, yl: &str) {
         let _ = write!(
             o,
-            r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" font-family="sans-serif" font-size="11"><rect width="{W}" height="{H}" fill="#fff"/><text x="{:.1}" y="18" font-size="13" text-anchor="middle">{}</text>"##,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" font-family="sans-serif" font-size="11" data-x-axis="{}"><rect width="{W}" height="{H}" fill="#fff"/><text x="{:.1}" y="18" font-size="13" text-anchor="middle">{}</text>"##,
+            self.xaxis.name(),
             W / 2.0,
             esc(title)
         );
@@ -107,19 +171,16 @@ impl Frame {
             H - B,
             H - B
         );
-        let sx = step(self.x1 - self.x0);
-        let mut x = (self.x0 / sx).ceil() * sx;
-        while x <= self.x1 + 1e-9 {
+        for (x, label) in self.x_ticks() {
             let p = self.px(x);
             let _ = write!(
                 o,
-                r##"<line x1="{p:.1}" y1="{:.1}" x2="{p:.1}" y2="{:.1}" stroke="#333"/><text x="{p:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                r##"<line x1="{p:.1}" y1="{:.1}" x2="{p:.1}" y2="{:.1}" stroke="#333"/><text x="{p:.1}" y="{:.1}" text-anchor="middle" class="x-tick">{}</text>"##,
                 H - B,
                 H - B + 4.0,
                 H - B + 16.0,
-                fmt_tick(x)
+                esc(&label)
             );
-            x += sx;
         }
         let sy = step(self.y1 - self.y0);
         let mut y = (self.y0 / sy).ceil() * sy;
@@ -278,33 +339,38 @@ pub fn pareto(points: &[(f64, f64, Mark)], xlabel: &str, ylabel: &str) -> String
     o
 }
 
-/// The objective against one parameter's value (numeric) or per value (categorical, as index).
-pub fn effect(
-    param: &str,
-    points: &[(f64, f64, Mark)],
-    labels: Option<&[String]>,
-    ylabel: &str,
-) -> String {
-    let xs: Vec<f64> = points.iter().map(|p| p.0).collect();
+/// The objective against one parameter's value: numeric on a linear or log axis, or per
+/// categorical value (x = the value's index in the labels, which label the ticks).
+pub fn effect(param: &str, points: &[(f64, f64, Mark)], xaxis: XAxis, ylabel: &str) -> String {
     let ys: Vec<f64> = points.iter().map(|p| p.1).collect();
+    let xs: Vec<f64> = match xaxis {
+        // A log axis needs positive values; a non-positive one (not from a log-scaled
+        // parameter's range) falls back to linear.
+        XAxis::Log if points.iter().all(|p| p.0 > 0.0) => {
+            points.iter().map(|p| p.0.log10()).collect()
+        }
+        _ => points.iter().map(|p| p.0).collect(),
+    };
     let mut f = Frame::new(&xs, &ys);
-    if labels.is_some() {
-        f.x0 = -0.5;
-        f.x1 = xs.iter().cloned().fold(0.0, f64::max) + 0.5;
+    f.xaxis = match xaxis {
+        XAxis::Log if points.iter().any(|p| p.0 <= 0.0) => XAxis::Linear,
+        a => a,
+    };
+    match &f.xaxis {
+        XAxis::Categories(labels) => {
+            f.x0 = -0.5;
+            f.x1 = labels.len().max(1) as f64 - 0.5;
+        }
+        XAxis::Log => {
+            // Half a doubling of room on each side, so that end points are not on the frame.
+            let pad = 0.5 * 2f64.log10();
+            f.x0 -= pad;
+            f.x1 += pad;
+        }
+        XAxis::Linear => {}
     }
     let mut o = String::new();
     f.axes(&mut o, &format!("Effect of {param}"), param, ylabel);
-    if let Some(ls) = labels {
-        for (i, l) in ls.iter().enumerate() {
-            let _ = write!(
-                o,
-                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#555">{}</text>"##,
-                f.px(i as f64),
-                T + 10.0,
-                esc(l)
-            );
-        }
-    }
     for (x, y, m) in points {
         mark(&mut o, f.px(*x), f.py(*y), *m);
     }
@@ -350,5 +416,43 @@ mod tests {
         assert_eq!(d.matches('M').count(), 1, "{d}");
         assert_eq!(d.matches('L').count(), 1, "{d}");
         assert!(!esc("<a&b>").contains('<'));
+    }
+
+    fn ticks_of(svg: &str) -> Vec<String> {
+        svg.split("class=\"x-tick\">")
+            .skip(1)
+            .map(|s| s.split('<').next().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn effect_axes_follow_the_parameter_scale() {
+        let pts = [
+            (32.0, 10.0, Mark::Ok),
+            (256.0, 14.0, Mark::Ok),
+            (1024.0, 12.0, Mark::Best),
+        ];
+        let log = effect("max_num_seqs", &pts, XAxis::Log, "tok/s");
+        assert!(log.contains("data-x-axis=\"log\""));
+        assert_eq!(ticks_of(&log), ["32", "64", "128", "256", "512", "1024"]);
+        let lin = effect("max_num_seqs", &pts, XAxis::Linear, "tok/s");
+        assert!(lin.contains("data-x-axis=\"linear\""));
+        assert_eq!(ticks_of(&lin), ["200", "400", "600", "800", "1000"]);
+        let labels = vec!["fp8".to_string(), "none".to_string()];
+        let cat = effect(
+            "quantization",
+            &[(0.0, 10.0, Mark::Ok), (1.0, 12.0, Mark::Ok)],
+            XAxis::Categories(&labels),
+            "tok/s",
+        );
+        assert_eq!(ticks_of(&cat), ["fp8", "none"]);
+        // A non-positive value cannot go on a log axis: linear instead.
+        let zero = effect(
+            "x",
+            &[(0.0, 1.0, Mark::Ok), (8.0, 2.0, Mark::Ok)],
+            XAxis::Log,
+            "y",
+        );
+        assert!(zero.contains("data-x-axis=\"linear\""));
     }
 }

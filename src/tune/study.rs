@@ -20,7 +20,7 @@ use super::eval::{Evaluator, Measurement, RunSpec, TrialFailure};
 use super::opt::{self, Obs, Optimizer};
 use super::spec::{Metric, Study};
 use super::TuneError;
-use crate::space::{CommandLine, Config, Space};
+use crate::space::{CommandLine, Config, Kind, Space};
 use crate::store::{Store, StoreError};
 use crate::telemetry::TelemetrySummary;
 use crate::util::unix_now;
@@ -59,6 +59,9 @@ pub struct StudyRecord {
     /// Configurations measured first after the baselines (a re-tune's warm start).
     #[serde(default)]
     pub warm_start: Vec<WarmStart>,
+    /// The space's log-scaled parameters (the report draws their effect on a log axis).
+    #[serde(default)]
+    pub log_params: Vec<String>,
 }
 
 /// A configuration a re-tune measures first: an earlier study's best or top trial, carried
@@ -316,6 +319,18 @@ impl<E: Evaluator> Runner<E> {
                         from: w.from.clone(),
                     })
                 })
+                .collect(),
+            log_params: self
+                .space
+                .params
+                .iter()
+                .filter(|p| {
+                    matches!(
+                        p.kind,
+                        Kind::Int { log: true, .. } | Kind::Float { log: true, .. }
+                    )
+                })
+                .map(|p| p.name.clone())
                 .collect(),
         };
         self.store.put(STUDIES, &id, &rec)?;

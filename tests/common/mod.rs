@@ -298,3 +298,63 @@ pub fn run_smoke_study(name: &str, trials: i64) -> SmokeRun {
         dir,
     }
 }
+
+/// A headless Chromium, or `None` (the test is then skipped with a message; it fails instead
+/// when SERVETUNE_REQUIRE_CHROMIUM is set, as in CI).
+pub fn chromium() -> Option<std::path::PathBuf> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|n| {
+            std::env::var_os("PATH")
+                .map(|p| {
+                    std::env::split_paths(&p)
+                        .map(|d| d.join(n))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default()
+        })
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("SERVETUNE_REQUIRE_CHROMIUM").is_none(),
+            "SERVETUNE_REQUIRE_CHROMIUM is set and no chromium is installed"
+        );
+        eprintln!("skipped: no chromium (apt-get install chromium)");
+    }
+    found
+}
+
+/// The DOM of `url` after its scripts ran, from headless Chromium in a `width`-pixel window.
+pub async fn dump_dom(
+    browser: &std::path::Path,
+    url: &str,
+    profile: &std::path::Path,
+    width: u32,
+) -> String {
+    let out = tokio::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--no-first-run",
+            "--virtual-time-budget=3000",
+            &format!("--window-size={width},900"),
+            &format!("--user-data-dir={}", profile.display()),
+            "--dump-dom",
+            url,
+        ])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), out)
+        .await
+        .expect("chromium hung")
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
