@@ -17,10 +17,10 @@ use crate::space::{CommandLine, Config};
 use crate::telemetry::TelemetrySummary;
 use crate::tune::decide::{Check, Comparison};
 use crate::tune::eval::{Measurement, TrialFailure};
-use crate::tune::stats::Diff;
-use crate::tune::study::{
+use crate::tune::records::{
     BestRecord, Outcome, Phase, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus, WarmStart,
 };
+use crate::tune::stats::Diff;
 
 fn shown(c: &Option<CommandLine>) -> Option<String> {
     c.as_ref().map(CommandLine::display)

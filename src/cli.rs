@@ -7,10 +7,8 @@ use std::path::{Path, PathBuf};
 use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::store::Store;
 use crate::telemetry::Telemetry;
+use crate::tune::records::{BestRecord, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 use crate::tune::spec::Study;
-use crate::tune::study::{
-    self, BestRecord, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES, TRIALS,
-};
 use crate::tune::TuneError;
 use crate::util::say;
 
@@ -33,12 +31,7 @@ pub fn open_store_for_reading(state: &Path) -> Result<Store, TuneError> {
 
 /// Removes a study and its trials (for `--restart`).
 pub fn discard(store: &Store, id: &str) -> Result<usize, TuneError> {
-    let ts = study::trials(store, id)?;
-    for t in &ts {
-        store.remove(TRIALS, &study::trial_key(id, t.seq))?;
-    }
-    store.remove(STUDIES, id)?;
-    Ok(ts.len())
+    Ok(Records::new(store.clone()).remove_study(id)?)
 }
 
 /// Runs a study in the foreground, printing a line per trial; resumes it if it was stopped.
@@ -185,23 +178,19 @@ pub fn trials_table(ts: &[TrialRecord]) -> String {
 }
 
 pub fn trials_cmd(state: &Path, study: Option<&str>, json: bool) -> Result<String, TuneError> {
-    let store = open_store_for_reading(state)?;
+    let records = Records::new(open_store_for_reading(state)?);
     let ids: Vec<String> = match study {
         Some(id) => {
-            if store.get::<StudyRecord>(STUDIES, id)?.is_none() {
+            if records.study(id)?.is_none() {
                 return Err(TuneError::NoStudy(id.into()));
             }
             vec![id.to_owned()]
         }
-        None => store
-            .scan::<StudyRecord>(STUDIES, "")?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect(),
+        None => records.studies()?.into_iter().map(|r| r.id).collect(),
     };
     let mut all = Vec::new();
     for id in &ids {
-        all.extend(study::trials(&store, id)?);
+        all.extend(records.trials(id)?);
     }
     if json {
         let shown: Vec<TrialV1> = all.iter().map(TrialV1::from).collect();
@@ -217,13 +206,7 @@ pub fn trials_cmd(state: &Path, study: Option<&str>, json: bool) -> Result<Strin
 }
 
 pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String, TuneError> {
-    let store = open_store_for_reading(state)?;
-    let best: Vec<BestRecord> = store
-        .scan::<BestRecord>(BEST, "")?
-        .into_iter()
-        .map(|(_, b)| b)
-        .filter(|b| model.is_none_or(|m| study::model_matches(&b.model, m)))
-        .collect();
+    let best: Vec<BestRecord> = Records::new(open_store_for_reading(state)?).best_for(model)?;
     if json {
         let shown: Vec<BestV1> = best.iter().map(BestV1::from).collect();
         return Ok(serde_json::to_string_pretty(&shown).unwrap_or_default() + "\n");

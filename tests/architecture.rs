@@ -233,6 +233,32 @@ fn nothing_but_the_binary_uses_the_mock() {
     );
 }
 
+/// The files that own a tree of the store: the store itself and its typed layers (the tuner's
+/// records, the daemon's queue). Everyone else asks them.
+const STORE_LAYERS: &[&str] = &["store/mod.rs", "tune/records.rs", "daemon/queue.rs"];
+
+#[test]
+fn only_the_typed_store_layers_scan_a_tree() {
+    let src = root().join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        if STORE_LAYERS.contains(&rel.as_str()) {
+            continue;
+        }
+        let code = code_of(&fs::read_to_string(&f).unwrap());
+        if code.contains(".scan::<") || code.contains(".scan(") {
+            bad.push(rel);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "scan outside the store's typed layers ({STORE_LAYERS:?}): {bad:?}"
+    );
+}
+
 /// The checker itself: each way of naming a module is seen, comments and unit tests are not,
 /// and an edge the table lacks is reported with its file.
 #[test]

@@ -30,8 +30,9 @@ use servetune::space::{Config, Space};
 use servetune::store::Store;
 use servetune::telemetry::TelemetrySummary;
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
+use servetune::tune::records::{self, Phase, Records, StudyRecord, TrialKind, TrialStatus};
 use servetune::tune::spec::Study;
-use servetune::tune::study::{self, Phase, Runner, StudyRecord, TrialKind, TrialStatus};
+use servetune::tune::study::Runner;
 use servetune::tune::TuneError;
 
 const BIN: &str = env!("CARGO_BIN_EXE_servetune");
@@ -720,12 +721,12 @@ async fn an_engine_upgrade_triggers_a_warm_retune() {
     h.stop().await.unwrap();
     drop(d);
     let store = Store::open(&store_path).unwrap();
-    let rec: StudyRecord = store.get(study::STUDIES, &second).unwrap().unwrap();
+    let rec: StudyRecord = store.get(records::STUDIES, &second).unwrap().unwrap();
     assert_eq!(rec.trigger, "engine upgrade: vllm 0.10.1 → 0.11.0");
     assert_eq!(rec.engine_versions["vllm"].as_deref(), Some("0.11.0"));
     assert!(!rec.warm_start.is_empty());
-    let prev: StudyRecord = store.get(study::STUDIES, &first).unwrap().unwrap();
-    let ts = study::trials(&store, &second).unwrap();
+    let prev: StudyRecord = store.get(records::STUDIES, &first).unwrap().unwrap();
+    let ts = Records::new(store.clone()).trials(&second).unwrap();
     let search: Vec<_> = ts.iter().filter(|t| t.kind == TrialKind::Search).collect();
     // Baseline first, then the previous best configurations, then the optimiser.
     assert!(search[0].note.contains("baseline"), "{}", search[0].note);
@@ -737,7 +738,8 @@ async fn an_engine_upgrade_triggers_a_warm_retune() {
     let prev_best = prev
         .best_trial
         .and_then(|b| {
-            study::trials(&store, &first)
+            Records::new(store.clone())
+                .trials(&first)
                 .unwrap()
                 .into_iter()
                 .find(|t| t.seq == b)
@@ -918,7 +920,7 @@ fn sigterm_leaves_no_engine_and_a_sigkilled_daemon_resumes_without_losing_anythi
             .unwrap()
             .1;
         assert_eq!(job["state"], "running", "{job}");
-        study::trials(&store, &id).unwrap()
+        Records::new(store.clone()).trials(&id).unwrap()
     };
 
     // Restart, SIGKILL mid-trial, restart: it finishes with nothing lost.
@@ -936,7 +938,7 @@ fn sigterm_leaves_no_engine_and_a_sigkilled_daemon_resumes_without_losing_anythi
     sigterm(&p.child);
     assert!(p.child.wait().unwrap().success());
     let store = Store::open(&state.join("db")).unwrap();
-    let ts = study::trials(&store, &id).unwrap();
+    let ts = Records::new(store.clone()).trials(&id).unwrap();
     for k in kept.iter().filter(|k| k.status != TrialStatus::Running) {
         assert!(ts.contains(k), "trial {} lost or changed", k.seq);
     }
@@ -1094,14 +1096,14 @@ fn the_daemon_tells_systemd_ready_watchdog_and_stopping() {
 #[test]
 fn best_records_are_found_by_model_name_suffix_or_file_name() {
     let gguf = "/root/.cache/servetune/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    assert!(study::model_matches(gguf, "SmolLM2"));
-    assert!(study::model_matches(gguf, gguf));
-    assert!(study::model_matches(
+    assert!(records::model_matches(gguf, "SmolLM2"));
+    assert!(records::model_matches(gguf, gguf));
+    assert!(records::model_matches(
         "meta-llama/Llama-3.1-8B",
         "Llama-3.1-8B"
     ));
-    assert!(!study::model_matches(gguf, "Qwen"));
-    assert!(!study::model_matches(
+    assert!(!records::model_matches(gguf, "Qwen"));
+    assert!(!records::model_matches(
         "meta-llama/Llama-3.1-8B",
         "llama/Llama-3.1-70B"
     ));

@@ -21,8 +21,9 @@ use servetune::store::Store;
 use servetune::tune::decide::CheckState;
 use servetune::tune::eval::{Evaluator, RunSpec};
 use servetune::tune::opt::Kind;
+use servetune::tune::records::{self, Phase, Records, StudyRecord, TrialKind, TrialStatus};
 use servetune::tune::spec::Study;
-use servetune::tune::study::{self, Phase, Runner, StudyRecord, TrialKind, TrialStatus};
+use servetune::tune::study::Runner;
 use servetune::tune::TuneError;
 
 const BIN: &str = env!("CARGO_BIN_EXE_servetune");
@@ -137,7 +138,7 @@ async fn a_simulated_study_beats_the_defaults_within_the_slo_and_records_failure
     let mut r = sim_runner_with(&store, text, "a100", "32b");
     let rec = r.run().await.unwrap();
     assert_eq!(rec.phase, Phase::Done);
-    let ts = study::trials(&store, "sim-a100").unwrap();
+    let ts = Records::new(store.clone()).trials("sim-a100").unwrap();
     let search: Vec<_> = ts.iter().filter(|t| t.kind == TrialKind::Search).collect();
     assert_eq!(search.len(), 24);
     // Trial 0 is the engine's defaults.
@@ -245,7 +246,7 @@ async fn a_simulated_study_finds_the_known_optimum() {
     }
     let found = rec.best_objective.unwrap();
     assert!(found >= 0.95 * best, "found {found:.0}, optimum {best:.0}");
-    let bt = study::trials(&store, "sim-h100").unwrap();
+    let bt = Records::new(store.clone()).trials("sim-h100").unwrap();
     let b = bt.iter().find(|t| Some(t.seq) == rec.best_trial).unwrap();
     assert!(int(&b.config, "max_num_seqs") < 1024, "{:?}", b.config);
 }
@@ -258,7 +259,8 @@ async fn the_same_seed_gives_the_same_study() {
         let mut r = sim_runner(&store, name, "tpe", "h100");
         r.study.spec.budget.trials = 12;
         r.run().await.unwrap();
-        study::trials(&store, name)
+        Records::new(store.clone())
+            .trials(name)
             .unwrap()
             .into_iter()
             .filter(|t| t.kind == TrialKind::Search)
@@ -553,9 +555,10 @@ fn trial_started(state: &Path, study: &str, seq: u32) -> bool {
     std::fs::read_to_string(log).is_ok_and(|s| !s.is_empty())
 }
 
-fn finished(state: &Path, study: &str) -> Vec<study::TrialRecord> {
+fn finished(state: &Path, study: &str) -> Vec<records::TrialRecord> {
     let store = Store::open(&state.join("db")).unwrap();
-    study::trials(&store, study)
+    Records::new(store.clone())
+        .trials(study)
         .unwrap()
         .into_iter()
         .filter(|t| t.status != TrialStatus::Running)
@@ -568,7 +571,7 @@ fn a_study_killed_mid_trial_resumes_without_losing_anything() {
     let name = "mock-kill";
     let study = mock_study(dir.path(), name, 6);
     let state = dir.path().join("state");
-    let mut kept: Vec<study::TrialRecord> = Vec::new();
+    let mut kept: Vec<records::TrialRecord> = Vec::new();
     // Kill it while trials 1, 3 and 5 run.
     for seq in [1u32, 3, 5] {
         let mut child = tune_cmd(&study, &state)
@@ -610,9 +613,9 @@ fn a_study_killed_mid_trial_resumes_without_losing_anything() {
         "{stderr}"
     );
     let store = Store::open(&state.join("db")).unwrap();
-    let rec: StudyRecord = store.get(study::STUDIES, name).unwrap().unwrap();
+    let rec: StudyRecord = store.get(records::STUDIES, name).unwrap().unwrap();
     assert_eq!(rec.phase, Phase::Done);
-    let ts = study::trials(&store, name).unwrap();
+    let ts = Records::new(store.clone()).trials(name).unwrap();
     let seqs: Vec<u32> = ts.iter().map(|t| t.seq).collect();
     assert_eq!(
         seqs,
@@ -638,7 +641,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
     let s = Study::parse(&text, Path::new("a.toml")).unwrap();
     store
         .put(
-            study::STUDIES,
+            records::STUDIES,
             "same",
             &StudyRecord {
                 id: "same".into(),
@@ -686,7 +689,7 @@ async fn a_max_rate_study_finds_the_highest_rate_within_the_slo() {
     let mut r = sim_runner_with(&store, text, "a100", "32b");
     r.study.spec.budget.trials = 8;
     let rec = r.run().await.unwrap();
-    let ts = study::trials(&store, "sim-rate").unwrap();
+    let ts = Records::new(store.clone()).trials("sim-rate").unwrap();
     let ok: Vec<_> = ts
         .iter()
         .filter(|t| t.kind == TrialKind::Search && t.objective.is_some())
@@ -837,7 +840,7 @@ async fn the_html_report_marks_the_verdict_and_regressions_and_fits_the_page_in_
     run_report_study(&store).await;
     // A regression on the second workload, and a recommended command with a 600-character
     // argument that has no space to break at.
-    let mut rec: StudyRecord = store.get(study::STUDIES, "sim-report").unwrap().unwrap();
+    let mut rec: StudyRecord = store.get(records::STUDIES, "sim-report").unwrap().unwrap();
     let out = rec.outcome.as_mut().expect("finished");
     assert!(
         out.recommended.is_some(),
@@ -850,7 +853,7 @@ async fn the_html_report_marks_the_verdict_and_regressions_and_fits_the_page_in_
     cmd.argv
         .push(format!("{{\"draft\":\"{}\"}}", "x".repeat(600)));
     out.recommended_command = Some(cmd);
-    store.put(study::STUDIES, "sim-report", &rec).unwrap();
+    store.put(records::STUDIES, "sim-report", &rec).unwrap();
 
     let html = servetune::report::render(&store, "sim-report", "html", None).unwrap();
     let probe = r#"<script>

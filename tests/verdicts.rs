@@ -13,10 +13,11 @@ use servetune::space::{Config, Space};
 use servetune::store::Store;
 use servetune::telemetry::TelemetrySummary;
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
-use servetune::tune::spec::Study;
-use servetune::tune::study::{
-    self, BestRecord, Phase, Runner, TrialKind, TrialRecord, TrialStatus, BEST,
+use servetune::tune::records::{
+    self, BestRecord, Phase, Records, TrialKind, TrialRecord, TrialStatus, BEST,
 };
+use servetune::tune::spec::Study;
+use servetune::tune::study::Runner;
 use servetune::tune::TuneError;
 
 fn spaces_dir() -> PathBuf {
@@ -213,7 +214,7 @@ async fn a_cpu_hog_during_the_defaults_run_does_not_make_a_loss_the_verdict() {
     let mut r = runner(&store, &t, hogged);
     let rec = r.run().await.unwrap();
     let o = rec.outcome.unwrap();
-    let ts = study::trials(&store, "hog").unwrap();
+    let ts = Records::new(store.clone()).trials("hog").unwrap();
     assert_eq!(
         search(&ts)[0].status,
         TrialStatus::Infeasible,
@@ -274,7 +275,7 @@ async fn a_run_disturbed_by_foreign_load_is_run_again_and_the_rerun_counts() {
     });
     let mut r = runner(&store, &t, hogged);
     r.run().await.unwrap();
-    let ts = study::trials(&store, "seen").unwrap();
+    let ts = Records::new(store.clone()).trials("seen").unwrap();
     let d = search(&ts)[0];
     assert_eq!(d.status, TrialStatus::Ok, "{:?}", d.early_stop);
     let full = d.full.as_ref().unwrap();
@@ -368,7 +369,7 @@ async fn one_failed_request_of_a_promising_run_is_confirmed_before_it_counts() {
     let mut r = runner(&store, &t, glitch);
     r.study.spec.budget.trials = 3;
     r.run().await.unwrap();
-    let ts = study::trials(&store, "glitch").unwrap();
+    let ts = Records::new(store.clone()).trials("glitch").unwrap();
     let base = search(&ts)[0];
     assert_eq!(base.status, TrialStatus::Ok, "{base:?}");
     let m = base.full.as_ref().unwrap();
@@ -390,14 +391,14 @@ async fn an_infrastructure_failure_runs_again_once_the_cause_is_fixed() {
     r.eval.infra_fail_starts = vec![0];
     let err = r.run().await.unwrap_err();
     assert!(matches!(err, TuneError::Infrastructure(_)), "{err}");
-    let ts = study::trials(&store, "infra").unwrap();
+    let ts = Records::new(store.clone()).trials("infra").unwrap();
     assert_eq!(ts[0].status, TrialStatus::Running, "kept to run again");
     // The foreign process is gone: the study resumes and the defaults are measured.
     let mut r = runner(&store, &t, none());
     r.study.spec.budget.trials = 2;
     let rec = r.run().await.unwrap();
     assert_eq!(rec.phase, Phase::Done);
-    let ts = study::trials(&store, "infra").unwrap();
+    let ts = Records::new(store.clone()).trials("infra").unwrap();
     assert_eq!(ts[0].status, TrialStatus::Ok, "{:?}", ts[0]);
     assert_eq!(ts[0].failure, None);
     assert!(ts.iter().all(|t| t.status != TrialStatus::Failed));
@@ -423,11 +424,11 @@ async fn a_trial_that_kills_servetune_three_times_is_recorded_as_failed() {
     .unwrap();
     t0.stopped = 0;
     store
-        .put(study::TRIALS, &study::trial_key(&rec.id, 0), &t0)
+        .put(records::TRIALS, &records::trial_key(&rec.id, 0), &t0)
         .unwrap();
     let rec = r.run().await.unwrap();
     assert_eq!(rec.phase, Phase::Done);
-    let ts = study::trials(&store, "oom").unwrap();
+    let ts = Records::new(store.clone()).trials("oom").unwrap();
     assert_eq!(ts[0].status, TrialStatus::Failed);
     assert!(
         ts[0]
@@ -458,9 +459,9 @@ async fn min_trials_zero_and_a_paused_study_do_not_cut_the_search_short() {
     let mut r = runner(&store, &t, none());
     let mut rec = r.open().unwrap();
     rec.created -= 10.0 * 86400.0;
-    store.put(study::STUDIES, &rec.id, &rec).unwrap();
+    store.put(records::STUDIES, &rec.id, &rec).unwrap();
     let rec = r.run().await.unwrap();
-    let ts = study::trials(&store, "floor").unwrap();
+    let ts = Records::new(store.clone()).trials("floor").unwrap();
     let n = search(&ts).len() as u32;
     let floor =
         servetune::tune::opt::convergence_floor(servetune::tune::opt::Kind::Tpe, &r.space, 0);

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Telemetry;
 use crate::tune::eval::{EngineEvaluator, Evaluator};
+use crate::tune::records::Records;
 use crate::tune::spec::Study;
 use crate::tune::study::Runner;
 use crate::tune::TuneError;
@@ -148,6 +149,8 @@ pub struct Current {
 pub struct Daemon<B: Backend> {
     pub cfg: DaemonConfig,
     pub store: Store,
+    /// The tuner's records (studies, trials, best, summaries) in `store`.
+    records: Records,
     pub queue: Queue,
     pub backend: B,
     pub clock: Arc<dyn Clock>,
@@ -174,8 +177,14 @@ impl<B: Backend> Daemon<B> {
         token: String,
     ) -> Daemon<B> {
         let started = clock.now();
+        match Records::new(store.clone()).backfill_summaries() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("summarised {n} studies stored before summaries existed"),
+            Err(e) => tracing::warn!("summarising stored studies: {e}"),
+        }
         Daemon {
             queue: Queue::new(store.clone()),
+            records: Records::new(store.clone()),
             cfg,
             store,
             backend,
@@ -191,6 +200,10 @@ impl<B: Backend> Daemon<B> {
             next_nightly: Mutex::new(None),
             next_probe: Mutex::new(None),
         }
+    }
+
+    pub fn records(&self) -> &Records {
+        &self.records
     }
 
     /// Constant-time comparison of a presented bearer token with the configured one.

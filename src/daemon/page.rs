@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::views::{self, Status, StudyView};
 use super::{Backend, Daemon, DaemonError};
 use crate::report::svg;
-use crate::tune::study::{self, TrialKind, TrialStatus};
+use crate::tune::records::{TrialKind, TrialStatus};
 
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
@@ -30,7 +30,9 @@ fn chart<B: Backend>(
             .map(|s| s.id.clone())
     });
     let Some(id) = id else { return Ok(None) };
-    let trials: Vec<_> = study::trials(&d.store, &id)?
+    let trials: Vec<_> = d
+        .records()
+        .trials(&id)?
         .into_iter()
         .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
         .collect();
@@ -38,8 +40,8 @@ fn chart<B: Backend>(
         return Ok(None);
     }
     let best = list.iter().find(|s| s.id == id).and_then(|_| {
-        d.store
-            .get::<crate::tune::study::StudyRecord>(crate::tune::study::STUDIES, &id)
+        d.records()
+            .study(&id)
             .ok()
             .flatten()
             .and_then(|r| r.best_trial)

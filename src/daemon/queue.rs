@@ -132,9 +132,8 @@ impl Queue {
         let mut id = base.clone();
         let mut n = 1;
         while all.iter().any(|j| j.study == id)
-            || self
-                .store
-                .get::<crate::tune::study::StudyRecord>(crate::tune::study::STUDIES, &id)?
+            || crate::tune::records::Records::new(self.store.clone())
+                .study(&id)?
                 .is_some()
         {
             n += 1;

@@ -8,7 +8,6 @@
 use std::sync::{Arc, Mutex};
 
 use super::{Backend, Daemon, DaemonError, Probe};
-use crate::tune::study::{StudyRecord, STUDIES};
 
 pub const DAEMON: &str = "daemon";
 const NIGHTLY_NEXT: &str = "nightly_next";
@@ -126,13 +125,11 @@ fn initial<B: Backend>(d: &Daemon<B>) -> Result<(), DaemonError> {
         return Ok(());
     }
     let jobs = d.queue.all()?;
-    let studies = d.store.scan::<StudyRecord>(STUDIES, "")?;
+    let studies = d.records().studies()?;
     for k in &d.cfg.studies {
         let name = &k.study.spec.study.name;
         let tuned = jobs.iter().any(|j| &j.name == name)
-            || studies
-                .iter()
-                .any(|(_, r)| super::worker::study_name(&r.spec_text).as_deref() == Some(name));
+            || studies.iter().any(|r| r.name().as_deref() == Some(name));
         if !tuned {
             d.submit(&k.study, k.file.clone(), "initial", true)?;
         }

@@ -12,9 +12,9 @@ use super::scheduler::rfc3339;
 use super::{Backend, Daemon, DaemonError, Intent};
 use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::space::CommandLine;
-use crate::tune::study::{
-    self, BestRecord, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, BEST, STUDIES,
-    TRIALS,
+use crate::tune::records::{
+    Histogram, Phase, StudyRecord, StudySummary, TrialKind, TrialRecord, TrialStatus,
+    DURATION_BUCKETS, LAUNCH_BUCKETS,
 };
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -107,21 +107,6 @@ pub struct StudyView {
     pub error: Option<String>,
 }
 
-fn study_record(store: &crate::store::Store, id: &str) -> Result<Option<StudyRecord>, DaemonError> {
-    Ok(store.get::<StudyRecord>(STUDIES, id)?)
-}
-
-fn metric_of(rec: &StudyRecord) -> Option<String> {
-    let v: toml::Table = toml::from_str(&rec.spec_text).ok()?;
-    Some(
-        v.get("objective")
-            .and_then(|o| o.get("metric"))
-            .and_then(|m| m.as_str())
-            .unwrap_or("total_token_throughput")
-            .to_owned(),
-    )
-}
-
 fn kind_label(k: &TrialKind) -> String {
     match k {
         TrialKind::Search => "search".into(),
@@ -142,8 +127,8 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
         None => return Ok(None),
     };
     let now = d.clock.now();
-    let rec = study_record(&d.store, &job.study)?;
-    let trials = study::trials(&d.store, &job.study)?;
+    let rec = d.records().study(&job.study)?;
+    let trials = d.records().trials(&job.study)?;
     let search: Vec<&TrialRecord> = trials
         .iter()
         .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
@@ -160,7 +145,10 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
             running_s: (now - t.started).max(0.0),
             attempts: t.attempts,
         });
-    let metric = rec.as_ref().and_then(metric_of).unwrap_or_default();
+    let metric = rec
+        .as_ref()
+        .and_then(StudyRecord::metric)
+        .unwrap_or_default();
     let best = rec.as_ref().and_then(|r| {
         let seq = r.best_trial?;
         let t = trials.iter().find(|t| t.seq == seq)?;
@@ -283,7 +271,7 @@ pub fn one_line_status<B: Backend>(d: &Daemon<B>) -> String {
     }
 }
 
-fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) -> StudyView {
+fn view(job: Option<&Job>, rec: Option<&StudyRecord>, summary: &StudySummary) -> StudyView {
     let id = job
         .map(|j| j.study.clone())
         .or_else(|| rec.map(|r| r.id.clone()))
@@ -293,7 +281,7 @@ fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) ->
         id,
         name: job
             .map(|j| j.name.clone())
-            .or_else(|| rec.and_then(|r| super::worker::study_name(&r.spec_text))),
+            .or_else(|| rec.and_then(StudyRecord::name)),
         state: job
             .map(|j| j.state.label().to_owned())
             .unwrap_or_else(|| "manual".into()),
@@ -305,12 +293,9 @@ fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) ->
         started: job.and_then(|j| j.started).map(rfc3339),
         ended: job.and_then(|j| j.ended).map(rfc3339),
         phase: rec.map(|r| r.phase),
-        trials: trials.len(),
-        search_trials: trials
-            .iter()
-            .filter(|t| t.kind == TrialKind::Search)
-            .count(),
-        metric: rec.and_then(metric_of),
+        trials: summary.trials,
+        search_trials: summary.search_trials,
+        metric: rec.and_then(StudyRecord::metric),
         best_objective: rec.and_then(|r| r.best_objective),
         verdict: o.map(|o| o.verdict.clone()),
         recommended_command: o
@@ -319,23 +304,25 @@ fn view(job: Option<&Job>, rec: Option<&StudyRecord>, trials: &[TrialRecord]) ->
     }
 }
 
-/// Every study: the daemon's runs in queue order, then studies run by `servetune tune`.
+/// Every study: the daemon's runs in queue order, then studies run by `servetune tune`. Built
+/// from the study records and their summaries; no trial is loaded.
 pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Vec<StudyView>, DaemonError> {
     let jobs = d.queue.all()?;
     let recs: BTreeMap<String, StudyRecord> = d
-        .store
-        .scan::<StudyRecord>(STUDIES, "")?
+        .records()
+        .studies()?
         .into_iter()
+        .map(|r| (r.id.clone(), r))
         .collect();
     let mut out = Vec::new();
     for j in &jobs {
-        let ts = study::trials(&d.store, &j.study)?;
-        out.push(view(Some(j), recs.get(&j.study), &ts));
+        let s = d.records().summary(&j.study)?;
+        out.push(view(Some(j), recs.get(&j.study), &s));
     }
     for (id, r) in &recs {
         if !jobs.iter().any(|j| &j.study == id) {
-            let ts = study::trials(&d.store, id)?;
-            out.push(view(None, Some(r), &ts));
+            let s = d.records().summary(id)?;
+            out.push(view(None, Some(r), &s));
         }
     }
     Ok(out)
@@ -344,26 +331,23 @@ pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Vec<StudyView>, DaemonError>
 /// One study with its record (`study`), its queue entry (`job`) and its summary (`view`).
 pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::Value, DaemonError> {
     let job = d.queue.find(id)?;
-    let rec = study_record(&d.store, id)?;
+    let rec = d.records().study(id)?;
     if job.is_none() && rec.is_none() {
         return Err(DaemonError::NotFound(format!("no study {id:?}")));
     }
-    let ts = study::trials(&d.store, id)?;
+    let s = d.records().summary(id)?;
     Ok(serde_json::json!({
-        "view": view(job.as_ref(), rec.as_ref(), &ts),
+        "view": view(job.as_ref(), rec.as_ref(), &s),
         "job": job.map(|mut j| { j.spec_text.clear(); j }),
         "study": rec.as_ref().map(StudyV1::from),
     }))
 }
 
 pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialV1>, DaemonError> {
-    if d.queue.find(id)?.is_none() && study_record(&d.store, id)?.is_none() {
+    if d.queue.find(id)?.is_none() && d.records().study(id)?.is_none() {
         return Err(DaemonError::NotFound(format!("no study {id:?}")));
     }
-    Ok(study::trials(&d.store, id)?
-        .iter()
-        .map(TrialV1::from)
-        .collect())
+    Ok(d.records().trials(id)?.iter().map(TrialV1::from).collect())
 }
 
 /// The best configurations for `model` (all models when `None`); this node's first.
@@ -372,13 +356,7 @@ pub fn best<B: Backend>(
     model: Option<&str>,
 ) -> Result<serde_json::Value, DaemonError> {
     let node = d.backend.node();
-    let mut best: Vec<BestRecord> = d
-        .store
-        .scan::<BestRecord>(BEST, "")?
-        .into_iter()
-        .map(|(_, b)| b)
-        .filter(|b| model.is_none_or(|m| study::model_matches(&b.model, m)))
-        .collect();
+    let mut best = d.records().best_for(model)?;
     best.sort_by_key(|b| {
         (
             b.hardware != node,
@@ -400,27 +378,33 @@ fn esc(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], values: &[f64]) {
+fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], h: &Histogram) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} histogram");
-    for b in bounds {
-        let n = values.iter().filter(|v| **v <= *b).count();
+    for (i, b) in bounds.iter().enumerate() {
+        let n = h.buckets.get(i).copied().unwrap_or(0);
         let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
     }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", values.len());
-    let _ = writeln!(out, "{name}_sum {}", values.iter().sum::<f64>());
-    let _ = writeln!(out, "{name}_count {}", values.len());
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
+    let _ = writeln!(out, "{name}_sum {}", h.sum);
+    let _ = writeln!(out, "{name}_count {}", h.count);
 }
 
 /// `GET /metrics`, in Prometheus' text format (0.0.4).
 pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
     let jobs = d.queue.all()?;
-    let trials: Vec<TrialRecord> = d
-        .store
-        .scan::<TrialRecord>(TRIALS, "")?
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
+    let latest = d.records().latest_by_name()?;
+    // Totals over every study's summary: no trial is loaded.
+    let mut total = StudySummary::default();
+    for r in d.records().studies()? {
+        let one = d.records().summary(&r.id)?;
+        total.ok += one.ok;
+        total.infeasible += one.infeasible;
+        total.failed += one.failed;
+        total.screened_out += one.screened_out;
+        total.durations.merge(&one.durations);
+        total.launches.merge(&one.launches);
+    }
     let mut s = String::new();
     let _ = writeln!(s, "# HELP servetune_up Whether the daemon is serving.");
     let _ = writeln!(s, "# TYPE servetune_up gauge\nservetune_up 1");
@@ -461,17 +445,15 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         ("infeasible", TrialStatus::Infeasible),
         ("failed", TrialStatus::Failed),
     ] {
-        let n = trials.iter().filter(|t| t.status == st).count();
+        let n = match st {
+            TrialStatus::Ok => total.ok,
+            TrialStatus::Infeasible => total.infeasible,
+            _ => total.failed,
+        };
         let _ = writeln!(s, "servetune_trials_total{{outcome=\"{label}\"}} {n}");
     }
-    let constraint = trials
-        .iter()
-        .filter(|t| t.status == TrialStatus::Infeasible)
-        .count();
-    let screened = trials
-        .iter()
-        .filter(|t| t.kind == TrialKind::Search && t.status == TrialStatus::Ok && !t.promoted)
-        .count();
+    let constraint = total.infeasible;
+    let screened = total.screened_out;
     let _ = writeln!(
         s,
         "# HELP servetune_early_stops_total Trials stopped early: a constraint (success rate, SLO) missed, or not promoted past screening.\n# TYPE servetune_early_stops_total counter\nservetune_early_stops_total{{reason=\"constraint\"}} {constraint}\nservetune_early_stops_total{{reason=\"screened_out\"}} {screened}"
@@ -480,13 +462,6 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         s,
         "# HELP servetune_best_objective The best objective of the latest study of each name.\n# TYPE servetune_best_objective gauge"
     );
-    let mut latest: BTreeMap<String, StudyRecord> = BTreeMap::new();
-    for (_, r) in d.store.scan::<StudyRecord>(STUDIES, "")? {
-        let name = super::worker::study_name(&r.spec_text).unwrap_or_else(|| r.id.clone());
-        if latest.get(&name).is_none_or(|o| o.created < r.created) {
-            latest.insert(name, r);
-        }
-    }
     for (name, r) in &latest {
         if let Some(v) = r.best_objective {
             let _ = writeln!(
@@ -494,30 +469,23 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
                 "servetune_best_objective{{study=\"{}\",run=\"{}\",metric=\"{}\"}} {v}",
                 esc(name),
                 esc(&r.id),
-                esc(&metric_of(r).unwrap_or_default())
+                esc(&r.metric().unwrap_or_default())
             );
         }
     }
-    let durations: Vec<f64> = trials
-        .iter()
-        .filter_map(|t| Some((t.ended? - t.started).max(0.0)))
-        .collect();
     histogram(
         &mut s,
         "servetune_trial_duration_seconds",
         "Wall time of finished trials (launch, benchmark runs, teardown).",
-        &[
-            10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
-        ],
-        &durations,
+        &DURATION_BUCKETS,
+        &total.durations,
     );
-    let launches: Vec<f64> = trials.iter().filter_map(|t| t.startup_s).collect();
     histogram(
         &mut s,
         "servetune_launch_duration_seconds",
         "Seconds from spawning an engine to its first answered request.",
-        &[1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0],
-        &launches,
+        &LAUNCH_BUCKETS,
+        &total.launches,
     );
     if let Some(t) = *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner()) {
         let _ = writeln!(

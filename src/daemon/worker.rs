@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use super::queue::{Job, JobState};
 use super::{scheduler, Backend, Current, Daemon, DaemonError, Intent};
 use crate::tune::opt;
+use crate::tune::records::{Records, StudyRecord, TrialKind, WarmStart};
 use crate::tune::spec::Study;
-use crate::tune::study::{self, Phase, StudyRecord, TrialKind, WarmStart, STUDIES};
 use crate::tune::TuneError;
 use crate::util::unix_now;
 
@@ -167,7 +167,7 @@ async fn execute<B: Backend>(
     runner.trigger = job.trigger.clone();
     runner.cancel = cancel;
     if job.warm {
-        runner.warm = warm_start(&d.store, &job.name, &job.study, d.cfg.warm_top)?;
+        runner.warm = warm_start(d.records(), &job.name, &job.study, d.cfg.warm_top)?;
         if !runner.warm.is_empty() {
             tracing::info!(
                 "study {}: warm start from {} earlier configurations",
@@ -193,30 +193,15 @@ async fn execute<B: Backend>(
     runner.run().await
 }
 
-/// The name in a stored study file (`study.name`).
-pub fn study_name(spec_text: &str) -> Option<String> {
-    let v: toml::Table = toml::from_str(spec_text).ok()?;
-    v.get("study")?.get("name")?.as_str().map(str::to_owned)
-}
-
 /// The configurations a re-tune of `name` measures first: the latest finished study of that
 /// name (other than `except`), its recommendation and its `top` best search trials.
 pub fn warm_start(
-    store: &crate::store::Store,
+    records: &Records,
     name: &str,
     except: &str,
     top: usize,
 ) -> Result<Vec<WarmStart>, TuneError> {
-    let prev = store
-        .scan::<StudyRecord>(STUDIES, "")?
-        .into_iter()
-        .map(|(_, r)| r)
-        .filter(|r| {
-            r.id != except
-                && r.phase == Phase::Done
-                && study_name(&r.spec_text).as_deref() == Some(name)
-        })
-        .max_by(|a, b| a.created.total_cmp(&b.created));
+    let prev = records.latest_finished(name, except)?;
     let Some(prev) = prev else {
         return Ok(Vec::new());
     };
@@ -234,7 +219,8 @@ pub fn warm_start(
             });
         }
     }
-    let mut search: Vec<_> = study::trials(store, &prev.id)?
+    let mut search: Vec<_> = records
+        .trials(&prev.id)?
         .into_iter()
         .filter(|t| t.kind == TrialKind::Search && t.objective.is_some())
         .collect();

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::space::CommandLine;
 use crate::tune::decide::CheckState;
-use crate::tune::study::TrialRecord;
+use crate::tune::records::TrialRecord;
 
 const CSS: &str = "\
 body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.4}\

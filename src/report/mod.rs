@@ -20,8 +20,8 @@ use crate::bench::output::{vllm_block, RunInfo};
 use crate::space::{Config, Value};
 use crate::store::{Store, StoreError};
 use crate::tune::decide::{CheckState, Comparison};
+use crate::tune::records::{Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 use crate::tune::stats::Diff;
-use crate::tune::study::{self, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, STUDIES};
 use svg::{Mark, XAxis};
 
 #[derive(Debug, Error)]
@@ -153,10 +153,11 @@ fn show(v: &Value) -> String {
 
 /// Collects everything the report shows.
 pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
-    let rec: StudyRecord = store
-        .get(STUDIES, id)?
+    let records = Records::new(store.clone());
+    let rec: StudyRecord = records
+        .study(id)?
         .ok_or_else(|| ReportError::NoStudy(id.into()))?;
-    let trials = study::trials(store, id)?;
+    let trials = records.trials(id)?;
     if trials.is_empty() {
         return Err(ReportError::Empty(id.into()));
     }

@@ -33,9 +33,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::eval::{Measurement, TrialFailure};
+use super::records::{TrialKind, TrialRecord, TrialStatus};
 use super::spec::Metric;
 use super::stats::{welch_with_resolution, Diff};
-use super::study::{TrialKind, TrialRecord, TrialStatus};
 use crate::bench::abort::LatencyLimit;
 use crate::space::CommandLine;
 

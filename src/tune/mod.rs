@@ -8,6 +8,7 @@ pub mod decide;
 pub mod encode;
 pub mod eval;
 pub mod opt;
+pub mod records;
 pub mod spec;
 pub mod stats;
 pub mod study;

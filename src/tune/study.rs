@@ -11,229 +11,31 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-pub use super::decide::Comparison;
-use super::decide::{self, Check, Decision, Pending};
+use super::decide::{self, Decision, Pending};
 use super::eval::{Evaluator, Measurement, RunSpec, TrialFailure};
 use super::opt::{self, Obs, Optimizer};
+use super::records::{
+    BestRecord, Outcome, Phase, Records, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus,
+    WarmStart,
+};
 use super::spec::{Metric, Study};
 use super::TuneError;
 use crate::space::{CommandLine, Config, Kind, Space};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 use crate::telemetry::TelemetrySummary;
 use crate::util::unix_now;
 
-pub const STUDIES: &str = "studies";
-pub const TRIALS: &str = "trials";
-pub const BEST: &str = "best";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    Search,
-    Remeasure,
-    Validate,
-    Done,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StudyRecord {
-    pub id: String,
-    pub spec_text: String,
-    pub created: f64,
-    pub updated: f64,
-    pub phase: Phase,
-    /// Why the search stopped.
-    pub stop_reason: Option<String>,
-    /// What started the study (`manual`, `nightly`, `engine upgrade: …`).
-    pub trigger: String,
-    pub hardware: String,
-    pub engine_versions: BTreeMap<String, Option<String>>,
-    /// Flags of the space files the installed engines lack (dropped, with a warning).
-    pub dropped_flags: Vec<String>,
-    pub best_trial: Option<u32>,
-    pub best_objective: Option<f64>,
-    pub outcome: Option<Outcome>,
-    /// Configurations measured first after the baselines (a re-tune's warm start).
-    #[serde(default)]
-    pub warm_start: Vec<WarmStart>,
-    /// The space's log-scaled parameters (the report draws their effect on a log axis).
-    #[serde(default)]
-    pub log_params: Vec<String>,
-}
-
-/// A configuration a re-tune measures first: an earlier study's best or top trial, carried
-/// over to the space of the engine version installed now.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WarmStart {
-    pub config: Config,
-    /// Where it comes from (`study llama-20261201-030000 #7, recommended`).
-    pub from: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum TrialKind {
-    Search,
-    /// Round `round` of the interleaved re-measurement of search trial `candidate`.
-    Remeasure {
-        round: u32,
-        candidate: u32,
-    },
-    /// Search trial `candidate` on validation workload `workload`, round `round`.
-    Validate {
-        workload: String,
-        round: u32,
-        candidate: u32,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TrialStatus {
-    /// Started and not finished: after a restart it runs again.
-    Running,
-    Ok,
-    /// Ran, but missed a constraint.
-    Infeasible,
-    /// The engine failed (start-up, crash, hang).
-    Failed,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrialRecord {
-    pub study: String,
-    pub seq: u32,
-    #[serde(flatten)]
-    pub kind: TrialKind,
-    pub config: Config,
-    pub note: String,
-    pub expected_improvement: Option<f64>,
-    pub status: TrialStatus,
-    pub engine: Option<String>,
-    pub command: Option<CommandLine>,
-    pub engine_version: Option<String>,
-    pub hardware: String,
-    /// The short (screening) run; equals the full run when screening is off.
-    pub screen: Option<Measurement>,
-    pub full: Option<Measurement>,
-    pub screen_objective: Option<f64>,
-    /// The objective of the full-length run, when it had one and met the constraints.
-    pub objective: Option<f64>,
-    pub promoted: bool,
-    pub failure: Option<TrialFailure>,
-    /// Why the trial stopped early or missed the constraints.
-    pub early_stop: Option<String>,
-    pub telemetry: Option<TelemetrySummary>,
-    pub started: f64,
-    pub ended: Option<f64>,
-    /// Seconds of benchmark runs, and the seconds screening saved (the full run it skipped).
-    pub bench_s: f64,
-    pub saved_s: f64,
-    /// How many times it was started (more than 1 after an interruption).
-    pub attempts: u32,
-    /// Of those, how many servetune ended itself without a result (an operator's pause,
-    /// cancel or stop; an infrastructure error): the others ended with servetune killed.
-    #[serde(default)]
-    pub stopped: u32,
-    /// Seconds from spawning the engine to its first answered request.
-    #[serde(default)]
-    pub startup_s: Option<f64>,
-}
-
-/// How many interleaved rounds the decision took, and why they stopped.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Rounds {
-    pub remeasure: u32,
-    pub validation: u32,
-    pub why: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Outcome {
-    pub metric: String,
-    pub baseline_trial: u32,
-    /// The configuration to run, when the gate (`decide`) recommends one.
-    pub recommended: Option<u32>,
-    /// The recommended trial's command, to serve with (port 8000).
-    pub recommended_command: Option<CommandLine>,
-    pub recommended_config: Option<Config>,
-    pub comparisons: Vec<Comparison>,
-    pub verdict: String,
-    /// The candidate the checks are about (recommended, or the one that came closest).
-    #[serde(default)]
-    pub leader: Option<u32>,
-    /// The leader against the defaults on every workload, as the gate judged it.
-    #[serde(default)]
-    pub checks: Vec<Check>,
-    /// Why the defaults miss the constraints in their pooled rounds, if they do.
-    #[serde(default)]
-    pub baseline_infeasible: Option<String>,
-    #[serde(default)]
-    pub rounds: Rounds,
-    /// Rounds (trial numbers) the gate set aside: other processes disturbed them.
-    #[serde(default)]
-    pub set_aside: Vec<u32>,
-    pub search_trials: u32,
-    pub screened_only: u32,
-    pub bench_s: f64,
-    pub saved_s: f64,
-}
-
-/// Whether a best record's model is the one asked for: the same, a suffix of it, or a part
-/// of its file name (`SmolLM2` for `/models/SmolLM2-135M-Instruct.Q4_1.gguf`).
-pub fn model_matches(model: &str, asked: &str) -> bool {
-    model == asked
-        || model.ends_with(asked)
-        || std::path::Path::new(model)
-            .file_name()
-            .is_some_and(|f| f.to_string_lossy().contains(asked))
-}
-
-/// The best known configuration for (model, hardware, engine version, workload).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BestRecord {
-    pub key: String,
-    pub model: String,
-    pub hardware: String,
-    pub engine: String,
-    pub engine_version: Option<String>,
-    pub workload: String,
-    pub study: String,
-    pub trial: u32,
-    pub config: Config,
-    /// The command to serve with (port 8000).
-    pub command: Option<CommandLine>,
-    pub objective: Option<f64>,
-    pub metric: String,
-    /// Whether it beat the engine's defaults with a 95% interval above zero.
-    pub improved: bool,
-    pub at: f64,
-}
-
 /// Times servetune may be killed while one trial runs before that trial counts as failed.
 pub const MAX_KILLS: u32 = 3;
-
-pub fn trial_key(study: &str, seq: u32) -> String {
-    format!("{study}/{seq:06}")
-}
-
-/// Every trial of a study, in order.
-pub fn trials(store: &Store, study: &str) -> Result<Vec<TrialRecord>, StoreError> {
-    Ok(store
-        .scan::<TrialRecord>(TRIALS, &format!("{study}/"))?
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect())
-}
 
 /// What the runner prints, per event (the CLI prints it; the daemon logs it).
 pub type Progress = Box<dyn FnMut(&str) + Send>;
 
 pub struct Runner<E: Evaluator> {
-    pub store: Store,
+    /// The study's records in the store.
+    pub records: Records,
     pub study: Study,
     pub space: Space,
     pub eval: E,
@@ -254,7 +56,7 @@ impl<E: Evaluator> Runner<E> {
     pub fn new(store: Store, study: Study, space: Space, eval: E, trial_root: PathBuf) -> Self {
         let optimizer = opt::make(study.spec.study.optimizer, &space, study.spec.study.seed);
         Runner {
-            store,
+            records: Records::new(store),
             study,
             space,
             eval,
@@ -286,11 +88,11 @@ impl<E: Evaluator> Runner<E> {
     /// refused (so that its trials are never mixed with another study's).
     pub fn open(&mut self) -> Result<StudyRecord, TuneError> {
         let id = self.id();
-        if let Some(rec) = self.store.get::<StudyRecord>(STUDIES, &id)? {
+        if let Some(rec) = self.records.study(&id)? {
             if rec.spec_text != self.study.text {
                 return Err(TuneError::Conflict(format!(
                     "study {id:?} exists in {} with a different file; rename the study or pass --restart to discard its trials",
-                    self.store.path().display()
+                    self.records.store().path().display()
                 )));
             }
             return Ok(rec);
@@ -333,18 +135,18 @@ impl<E: Evaluator> Runner<E> {
                 .map(|p| p.name.clone())
                 .collect(),
         };
-        self.store.put(STUDIES, &id, &rec)?;
+        self.records.put_study(&rec)?;
         Ok(rec)
     }
 
     fn save(&self, rec: &mut StudyRecord) -> Result<(), TuneError> {
         rec.updated = unix_now();
-        self.store.put(STUDIES, &rec.id, rec)?;
+        self.records.put_study(rec)?;
         Ok(())
     }
 
     fn put_trial(&self, t: &TrialRecord) -> Result<(), TuneError> {
-        self.store.put(TRIALS, &trial_key(&t.study, t.seq), t)?;
+        self.records.put_trial(t)?;
         Ok(())
     }
 
@@ -589,7 +391,7 @@ impl<E: Evaluator> Runner<E> {
         // Proposal and its trial run until the budget or convergence says stop.
         loop {
             self.check_cancel()?;
-            let all = trials(&self.store, &rec.id)?;
+            let all = self.records.trials(&rec.id)?;
             let search: Vec<TrialRecord> = all
                 .iter()
                 .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
@@ -1107,7 +909,7 @@ impl<E: Evaluator> Runner<E> {
         let total = plan.len();
         for (i, (kind, candidate, workload)) in plan.into_iter().enumerate() {
             self.check_cancel()?;
-            let all = trials(&self.store, &rec.id)?;
+            let all = self.records.trials(&rec.id)?;
             let existing = all.iter().find(|t| t.kind == kind).cloned();
             let mut t = match existing {
                 Some(t) if t.status != TrialStatus::Running => continue,
@@ -1241,7 +1043,7 @@ impl<E: Evaluator> Runner<E> {
     /// C B A, …; at least `repeats`, then more while the gate says another round could change
     /// its answer, up to `max_repeats`.
     async fn remeasure(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
-        let all = trials(&self.store, &rec.id)?;
+        let all = self.records.trials(&rec.id)?;
         let Some((base, cands)) = self.arms(&all) else {
             rec.phase = Phase::Done;
             rec.outcome = None;
@@ -1272,7 +1074,7 @@ impl<E: Evaluator> Runner<E> {
         let mut round = 0;
         loop {
             if round >= min {
-                let all = trials(&self.store, &rec.id)?;
+                let all = self.records.trials(&rec.id)?;
                 let d = self.decision(&all, round >= max);
                 if d.as_ref().is_none_or(|d| d.pending != Pending::Remeasure) || round >= max {
                     break;
@@ -1321,7 +1123,7 @@ impl<E: Evaluator> Runner<E> {
     /// The leader and the defaults on every other workload, interleaved, while the gate asks
     /// for validation (up to the cap); then the final decision, the outcome and the best record.
     async fn validate(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
-        let all = trials(&self.store, &rec.id)?;
+        let all = self.records.trials(&rec.id)?;
         let (base, _) = self
             .arms(&all)
             .ok_or_else(|| TuneError::Infrastructure("no baseline trial was recorded".into()))?;
@@ -1334,7 +1136,7 @@ impl<E: Evaluator> Runner<E> {
         let mut round = 0;
         let why;
         loop {
-            let all = trials(&self.store, &rec.id)?;
+            let all = self.records.trials(&rec.id)?;
             let Some(d) = self.decision(&all, round >= max) else {
                 why = "no baseline".to_owned();
                 break;
@@ -1397,7 +1199,7 @@ impl<E: Evaluator> Runner<E> {
             self.run_plan(rec, plan).await?;
             round += 1;
         }
-        let all = trials(&self.store, &rec.id)?;
+        let all = self.records.trials(&rec.id)?;
         let d = self
             .decision(&all, true)
             .ok_or_else(|| TuneError::Infrastructure("no baseline trial was recorded".into()))?;
@@ -1467,7 +1269,7 @@ impl<E: Evaluator> Runner<E> {
             );
             let improved = recommended_trial.is_some();
             if !improved {
-                if let Some(prev) = self.store.get::<BestRecord>(BEST, &key)? {
+                if let Some(prev) = self.records.best(&key)? {
                     if prev.improved {
                         let msg = format!(
                             "the best record stays the proven one (study {}, trial #{})",
@@ -1493,26 +1295,22 @@ impl<E: Evaluator> Runner<E> {
                     .filter(|v| v.is_finite() && *v > 0.0)
                     .or(chosen.objective)
             };
-            self.store.put(
-                BEST,
-                &key,
-                &BestRecord {
-                    key: key.clone(),
-                    model: self.study.model.clone(),
-                    hardware: rec.hardware.clone(),
-                    engine,
-                    engine_version: version,
-                    workload: name.clone(),
-                    study: rec.id.clone(),
-                    trial: chosen.seq,
-                    config: chosen.config.clone(),
-                    command: chosen.command.as_ref().map(CommandLine::serving),
-                    objective,
-                    metric: self.metric().label().into(),
-                    improved,
-                    at: unix_now(),
-                },
-            )?;
+            self.records.put_best(&BestRecord {
+                key: key.clone(),
+                model: self.study.model.clone(),
+                hardware: rec.hardware.clone(),
+                engine,
+                engine_version: version,
+                workload: name.clone(),
+                study: rec.id.clone(),
+                trial: chosen.seq,
+                config: chosen.config.clone(),
+                command: chosen.command.as_ref().map(CommandLine::serving),
+                objective,
+                metric: self.metric().label().into(),
+                improved,
+                at: unix_now(),
+            })?;
         }
         if outcome.saved_s > 0.0 {
             let line = format!(
