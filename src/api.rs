@@ -20,7 +20,7 @@ use crate::tune::eval::{Measurement, TrialFailure};
 use crate::tune::records::{
     BestRecord, Outcome, Phase, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus, WarmStart,
 };
-use crate::tune::stats::Diff;
+use crate::tune::significance::Diff;
 
 fn shown(c: &Option<CommandLine>) -> Option<String> {
     c.as_ref().map(CommandLine::display)

@@ -20,7 +20,7 @@ use servetune::space::{Config, Space, Value};
 use servetune::store::Store;
 use servetune::tune::decide::CheckState;
 use servetune::tune::eval::{Evaluator, RunSpec};
-use servetune::tune::opt::Kind;
+use servetune::tune::opt::Algorithm;
 use servetune::tune::records::{self, Phase, Records, StudyRecord, TrialKind, TrialStatus};
 use servetune::tune::spec::Study;
 use servetune::tune::study::Runner;
@@ -275,7 +275,7 @@ async fn the_same_seed_gives_the_same_study() {
 
 #[test]
 fn every_optimiser_name_parses_in_a_study() {
-    for k in Kind::ALL {
+    for k in Algorithm::ALL {
         let text = study_text("names", k.name(), "");
         let s = Study::parse(&text, Path::new("x.toml")).unwrap();
         assert_eq!(s.spec.study.optimizer, k);

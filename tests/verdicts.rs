@@ -464,7 +464,7 @@ async fn min_trials_zero_and_a_paused_study_do_not_cut_the_search_short() {
     let ts = Records::new(store.clone()).trials("floor").unwrap();
     let n = search(&ts).len() as u32;
     let floor =
-        servetune::tune::opt::convergence_floor(servetune::tune::opt::Kind::Tpe, &r.space, 0);
+        servetune::tune::opt::convergence_floor(servetune::tune::opt::Algorithm::Tpe, &r.space, 0);
     assert!(
         n >= floor.min(14),
         "{n} search trials, floor {floor}: {:?}",

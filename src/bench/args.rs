@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use serde_json::{Map, Value};
 
 use super::abort::{AbortPolicy, LatencyLimit};
-use super::client::{Backend, MaxTokensField, RequestTemplate};
+use super::client::{MaxTokensField, RequestApi, RequestTemplate};
 use super::dataset::{random::RandomSpec, sharegpt, SampleRequest};
 use super::metrics::{GoodputSlo, Metric, SummaryConfig};
 use super::output::{self, RunInfo};
@@ -29,7 +29,7 @@ pub enum DatasetName {
 pub struct BenchArgs {
     /// API flavour: `openai` (/v1/completions) or `openai-chat` (/v1/chat/completions).
     #[arg(long, value_enum, default_value = "openai")]
-    pub backend: Backend,
+    pub backend: RequestApi,
     /// Server base URL, e.g. http://127.0.0.1:8080 (overrides --host/--port).
     #[arg(long)]
     pub base_url: Option<String>,
@@ -446,8 +446,8 @@ impl BenchArgs {
             backend: self.backend,
             model: served,
             max_tokens_field: self.max_tokens_field.unwrap_or(match self.backend {
-                Backend::Openai => MaxTokensField::MaxTokens,
-                Backend::OpenaiChat => MaxTokensField::MaxCompletionTokens,
+                RequestApi::Openai => MaxTokensField::MaxTokens,
+                RequestApi::OpenaiChat => MaxTokensField::MaxCompletionTokens,
             }),
             ignore_eos: self.ignore_eos || self.dataset_name == DatasetName::Random,
             temperature: self.temperature,

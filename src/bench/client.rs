@@ -20,8 +20,9 @@ use super::sse::SseDecoder;
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
+/// The request API a run speaks (`--backend`, vLLM's name for the flag).
 #[serde(rename_all = "kebab-case")]
-pub enum Backend {
+pub enum RequestApi {
     /// `/v1/completions` with a `prompt`.
     Openai,
     /// `/v1/chat/completions` with one user message.
@@ -29,17 +30,17 @@ pub enum Backend {
     OpenaiChat,
 }
 
-impl Backend {
+impl RequestApi {
     pub fn default_endpoint(self) -> &'static str {
         match self {
-            Backend::Openai => "/v1/completions",
-            Backend::OpenaiChat => "/v1/chat/completions",
+            RequestApi::Openai => "/v1/completions",
+            RequestApi::OpenaiChat => "/v1/chat/completions",
         }
     }
     pub fn as_str(self) -> &'static str {
         match self {
-            Backend::Openai => "openai",
-            Backend::OpenaiChat => "openai-chat",
+            RequestApi::Openai => "openai",
+            RequestApi::OpenaiChat => "openai-chat",
         }
     }
 }
@@ -63,7 +64,7 @@ pub enum MaxTokensField {
 #[derive(Debug, Clone)]
 pub struct RequestTemplate {
     pub url: String,
-    pub backend: Backend,
+    pub backend: RequestApi,
     pub model: String,
     pub max_tokens_field: MaxTokensField,
     pub ignore_eos: bool,
@@ -87,11 +88,11 @@ impl RequestTemplate {
         let mut m = Map::new();
         m.insert("model".into(), Value::String(self.model.clone()));
         match self.backend {
-            Backend::Openai => {
+            RequestApi::Openai => {
                 m.insert("prompt".into(), Value::String(prompt.to_owned()));
                 m.insert("repetition_penalty".into(), Value::from(1.0));
             }
-            Backend::OpenaiChat => {
+            RequestApi::OpenaiChat => {
                 m.insert(
                     "messages".into(),
                     serde_json::json!([{ "role": "user", "content": prompt }]),
@@ -563,7 +564,7 @@ async fn run_stream(
 mod tests {
     use super::*;
 
-    fn tpl(backend: Backend) -> RequestTemplate {
+    fn tpl(backend: RequestApi) -> RequestTemplate {
         RequestTemplate {
             url: "http://127.0.0.1:1/v1/completions".into(),
             backend,
@@ -581,7 +582,7 @@ mod tests {
 
     #[test]
     fn completions_body_has_vllm_fields() {
-        let b: Value = serde_json::from_slice(&tpl(Backend::Openai).body("hi", 7)).unwrap();
+        let b: Value = serde_json::from_slice(&tpl(RequestApi::Openai).body("hi", 7)).unwrap();
         assert_eq!(b["prompt"], "hi");
         assert_eq!(b["max_tokens"], 7);
         assert_eq!(b["stream"], true);
@@ -592,7 +593,7 @@ mod tests {
 
     #[test]
     fn chat_body_and_max_completion_tokens() {
-        let mut t = tpl(Backend::OpenaiChat);
+        let mut t = tpl(RequestApi::OpenaiChat);
         t.max_tokens_field = MaxTokensField::MaxCompletionTokens;
         t.ignore_eos = false;
         t.extra_body.insert("top_k".into(), Value::from(5));

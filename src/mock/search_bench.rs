@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use crate::bench::abort::LatencyLimit;
 use crate::space::{Config, Space};
 use crate::tune::eval::RunSpec;
-use crate::tune::opt::{self, key, Kind, Obs};
+use crate::tune::opt::{self, key, Algorithm, Obs};
 
 use super::evaluator::{SimEvaluator, SimWorkload};
 use super::profile::Machine;
@@ -238,7 +238,7 @@ impl<'a> Oracle<'a> {
 /// The true value, after each trial, of the configuration the optimiser would recommend.
 fn trajectory(
     l: &Landscape,
-    kind: Kind,
+    kind: Algorithm,
     seed: u64,
     n: usize,
     truths: &mut HashMap<String, Option<f64>>,
@@ -249,7 +249,7 @@ fn trajectory(
 /// As `trajectory`, with a warm start (measured after the baselines); also the history.
 fn trajectory_warm(
     l: &Landscape,
-    kind: Kind,
+    kind: Algorithm,
     seed: u64,
     n: usize,
     truths: &mut HashMap<String, Option<f64>>,
@@ -287,7 +287,7 @@ fn optimum(l: &Landscape, truths: &mut HashMap<String, Option<f64>>, samples: us
             o.truth(&c);
         }
     }
-    for c in opt::baseline::Grid::new(l.space.clone(), 0)
+    for c in opt::reference::Grid::new(l.space.clone(), 0)
         .configs()
         .take(400)
     {
@@ -371,7 +371,7 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
         }
         let mut truths_before = HashMap::new();
         let mut truths = HashMap::new();
-        for kind in [Kind::Tpe, Kind::Gp] {
+        for kind in [Algorithm::Tpe, Algorithm::Gp] {
             let mut cold_n = Vec::new();
             let mut warm_n = Vec::new();
             let mut cold_runs = Vec::new();
@@ -479,13 +479,13 @@ pub fn run(opts: &BenchOptions) -> Result<String, String> {
             continue;
         }
         let t0 = std::time::Instant::now();
-        let grid = opt::baseline::Grid::new(l.space.clone(), 0);
+        let grid = opt::reference::Grid::new(l.space.clone(), 0);
         // The grid runs to its end, or to `grid_cap` trials on a large one.
         let grid_budget = (grid.len() + l.space.baselines().len()).min(opts.grid_cap);
         let mut truths: HashMap<String, Option<f64>> = HashMap::new();
-        let mut trajectories: Vec<(Kind, Vec<Vec<f64>>)> = Vec::new();
-        for kind in Kind::ALL {
-            let n = if kind == Kind::Grid {
+        let mut trajectories: Vec<(Algorithm, Vec<Vec<f64>>)> = Vec::new();
+        for kind in Algorithm::ALL {
+            let n = if kind == Algorithm::Grid {
                 grid_budget
             } else {
                 opts.budget
@@ -534,7 +534,7 @@ pub fn run(opts: &BenchOptions) -> Result<String, String> {
         let _ = writeln!(out, "|---|---|---|---|---|---|---|");
         let random = trajectories
             .iter()
-            .find(|(k, _)| *k == Kind::Random)
+            .find(|(k, _)| *k == Algorithm::Random)
             .map(|(_, r)| r.clone())
             .unwrap_or_default();
         for (kind, runs) in &trajectories {
@@ -582,12 +582,12 @@ pub fn run(opts: &BenchOptions) -> Result<String, String> {
                 gap(checkpoints[0]),
                 gap(checkpoints[1]),
                 gap(checkpoints[2]),
-                if *kind == Kind::Random {
+                if *kind == Algorithm::Random {
                     "-".into()
                 } else {
                     beats(20)
                 },
-                if *kind == Kind::Random {
+                if *kind == Algorithm::Random {
                     "-".into()
                 } else {
                     beats(40)

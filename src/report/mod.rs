@@ -21,7 +21,7 @@ use crate::space::{Config, Value};
 use crate::store::{Store, StoreError};
 use crate::tune::decide::{CheckState, Comparison};
 use crate::tune::records::{Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus};
-use crate::tune::stats::Diff;
+use crate::tune::significance::Diff;
 use svg::{Mark, XAxis};
 
 #[derive(Debug, Error)]
@@ -345,7 +345,7 @@ fn pm(d: &Diff) -> String {
 }
 
 fn mean_ci(v: &[f64]) -> String {
-    match crate::tune::stats::mean_interval(v) {
+    match crate::tune::significance::mean_interval(v) {
         None => "-".into(),
         Some((m, h)) if h.is_finite() => format!("{m:.2} ± {h:.2}"),
         Some((m, _)) => format!("{m:.2}"),

@@ -34,8 +34,8 @@ use serde::{Deserialize, Serialize};
 
 use super::eval::{Measurement, TrialFailure};
 use super::records::{TrialKind, TrialRecord, TrialStatus};
-use super::spec::Metric;
-use super::stats::{welch_with_resolution, Diff};
+use super::significance::{welch_with_resolution, Diff};
+use super::spec::ObjectiveMetric;
 use crate::bench::abort::LatencyLimit;
 use crate::space::CommandLine;
 
@@ -49,7 +49,7 @@ pub struct Guard {
 /// What the gate needs from the study file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rules {
-    pub metric: Metric,
+    pub metric: ObjectiveMetric,
     pub min_success_rate: f64,
     pub limits: Vec<LatencyLimit>,
     /// A relative loss beyond this (0.05 = 5%) is a regression.
@@ -225,10 +225,10 @@ pub fn failed_to_start(t: &TrialRecord) -> bool {
 /// The value a workload is compared on: the objective where the workload can measure it; a
 /// validation workload without `--goodput` is compared on request throughput instead of
 /// goodput, and tokens per joule falls back to output throughput where no energy was read.
-pub fn value_of(metric: Metric, m: &Measurement) -> Option<f64> {
+pub fn value_of(metric: ObjectiveMetric, m: &Measurement) -> Option<f64> {
     m.objective(metric).or(match metric {
-        Metric::RequestGoodput => Some(m.request_throughput),
-        Metric::TokensPerJoule => Some(m.output_throughput),
+        ObjectiveMetric::RequestGoodput => Some(m.request_throughput),
+        ObjectiveMetric::TokensPerJoule => Some(m.output_throughput),
         _ => None,
     })
 }
@@ -460,7 +460,7 @@ fn workload_checks(
 /// A candidate's own mean and 95% interval, as a `Diff` with no defaults (`n_b = 0`): the
 /// defaults failed to start, so there is nothing to subtract.
 fn alone(v: &[f64]) -> Diff {
-    let (m, h) = super::stats::mean_interval(v).unwrap_or((f64::NAN, f64::INFINITY));
+    let (m, h) = super::significance::mean_interval(v).unwrap_or((f64::NAN, f64::INFINITY));
     Diff {
         mean_a: m,
         mean_b: f64::NAN,
@@ -892,7 +892,7 @@ mod tests {
 
     fn rules(slo: &[&str], guards: &[&str]) -> Rules {
         Rules {
-            metric: Metric::TotalTokenThroughput,
+            metric: ObjectiveMetric::TotalTokenThroughput,
             min_success_rate: 0.99,
             limits: slo
                 .iter()
@@ -1227,7 +1227,7 @@ mod tests {
     #[test]
     fn request_goodput_validation_workloads_are_compared_on_request_throughput() {
         let mut r = rules(&[], &[]);
-        r.metric = Metric::RequestGoodput;
+        r.metric = ObjectiveMetric::RequestGoodput;
         let good = |v: f64| Measurement {
             request_goodput: Some(v),
             ..meas(100.0 * v, 10.0, 100.0)
@@ -1247,7 +1247,7 @@ mod tests {
     #[test]
     fn identical_max_rate_rounds_are_not_a_certain_gain() {
         let mut r = rules(&[], &[]);
-        r.metric = Metric::MaxRate;
+        r.metric = ObjectiveMetric::MaxRate;
         let at = |rate: f64, res: f64| Measurement {
             request_rate: Some(rate),
             resolution: Some(res),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::spec::Metric;
+use super::spec::ObjectiveMetric;
 use crate::bench::abort::{LatencyLimit, Stat};
 use crate::bench::args::BenchArgs;
 use crate::bench::dataset::SampleRequest;
@@ -135,14 +135,14 @@ impl Measurement {
     }
 
     /// The objective's value (higher is better); `None` where this run cannot tell it.
-    pub fn objective(&self, metric: Metric) -> Option<f64> {
+    pub fn objective(&self, metric: ObjectiveMetric) -> Option<f64> {
         match metric {
-            Metric::TotalTokenThroughput => Some(self.total_token_throughput),
-            Metric::OutputThroughput => Some(self.output_throughput),
-            Metric::RequestThroughput => Some(self.request_throughput),
-            Metric::RequestGoodput => self.request_goodput,
-            Metric::TokensPerJoule => self.tokens_per_joule,
-            Metric::MaxRate => self.request_rate,
+            ObjectiveMetric::TotalTokenThroughput => Some(self.total_token_throughput),
+            ObjectiveMetric::OutputThroughput => Some(self.output_throughput),
+            ObjectiveMetric::RequestThroughput => Some(self.request_throughput),
+            ObjectiveMetric::RequestGoodput => self.request_goodput,
+            ObjectiveMetric::TokensPerJoule => self.tokens_per_joule,
+            ObjectiveMetric::MaxRate => self.request_rate,
         }
     }
 

@@ -9,8 +9,8 @@ pub mod encode;
 pub mod eval;
 pub mod opt;
 pub mod records;
+pub mod significance;
 pub mod spec;
-pub mod stats;
 pub mod study;
 
 use std::collections::BTreeMap;
@@ -209,7 +209,8 @@ pub async fn engine_runner(
         dropped,
         binaries,
     } = engine_space(&study, &telemetry).await?;
-    if study.spec.objective.metric == spec::Metric::TokensPerJoule && !telemetry.enabled() {
+    if study.spec.objective.metric == spec::ObjectiveMetric::TokensPerJoule && !telemetry.enabled()
+    {
         return Err(TuneError::Spec(
             "objective.metric: tokens_per_joule needs GPU energy readings (NVML), and this node has none".into(),
         ));

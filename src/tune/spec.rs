@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::opt::Kind;
+use super::opt::Algorithm;
 use super::TuneError;
 use crate::bench::abort::LatencyLimit;
 use crate::bench::args::BenchArgs;
@@ -55,7 +55,7 @@ pub struct StudySection {
     /// One engine (`vllm`) or a choice (`vllm+sglang`).
     pub engines: String,
     #[serde(default)]
-    pub optimizer: Kind,
+    pub optimizer: Algorithm,
     #[serde(default)]
     pub seed: u64,
     /// Where the engines' space files are (default: `search-spaces` next to the study's
@@ -81,7 +81,7 @@ fn yes() -> bool {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
-pub enum Metric {
+pub enum ObjectiveMetric {
     #[default]
     TotalTokenThroughput,
     OutputThroughput,
@@ -94,15 +94,15 @@ pub enum Metric {
     MaxRate,
 }
 
-impl Metric {
+impl ObjectiveMetric {
     pub fn label(self) -> &'static str {
         match self {
-            Metric::TotalTokenThroughput => "total token throughput (tok/s)",
-            Metric::OutputThroughput => "output token throughput (tok/s)",
-            Metric::RequestThroughput => "request throughput (req/s)",
-            Metric::RequestGoodput => "request goodput (req/s)",
-            Metric::TokensPerJoule => "output tokens per joule",
-            Metric::MaxRate => "highest request rate within the SLOs (req/s)",
+            ObjectiveMetric::TotalTokenThroughput => "total token throughput (tok/s)",
+            ObjectiveMetric::OutputThroughput => "output token throughput (tok/s)",
+            ObjectiveMetric::RequestThroughput => "request throughput (req/s)",
+            ObjectiveMetric::RequestGoodput => "request goodput (req/s)",
+            ObjectiveMetric::TokensPerJoule => "output tokens per joule",
+            ObjectiveMetric::MaxRate => "highest request rate within the SLOs (req/s)",
         }
     }
 }
@@ -111,7 +111,7 @@ impl Metric {
 #[serde(deny_unknown_fields)]
 pub struct Objective {
     #[serde(default)]
-    pub metric: Metric,
+    pub metric: ObjectiveMetric,
     /// `max_rate`: the rates searched (req/s), and how many runs the inner search may use.
     #[serde(default = "rate_min")]
     pub rate_min: f64,
@@ -134,7 +134,7 @@ fn rate_steps() -> u32 {
 impl Default for Objective {
     fn default() -> Self {
         Objective {
-            metric: Metric::default(),
+            metric: ObjectiveMetric::default(),
             rate_min: rate_min(),
             rate_max: rate_max(),
             rate_steps: rate_steps(),
@@ -628,7 +628,7 @@ impl Study {
             ));
         }
         let o = &s.objective;
-        if o.metric == Metric::MaxRate
+        if o.metric == ObjectiveMetric::MaxRate
             && !(o.rate_min > 0.0 && o.rate_max > o.rate_min && o.rate_steps >= 2)
         {
             return Err(field(
@@ -674,7 +674,7 @@ impl Study {
                     ));
                 }
             }
-            if o.metric == Metric::RequestGoodput && w.primary && b.goodput.is_empty() {
+            if o.metric == ObjectiveMetric::RequestGoodput && w.primary && b.goodput.is_empty() {
                 return Err(field(
                     &format!("{f}.args"),
                     "objective request_goodput needs --goodput on the primary workload",
@@ -699,7 +699,9 @@ impl Study {
                 workloads.push((w.name.clone(), b));
             }
         }
-        if o.metric == Metric::RequestGoodput && primaries == 0 && workloads[0].1.goodput.is_empty()
+        if o.metric == ObjectiveMetric::RequestGoodput
+            && primaries == 0
+            && workloads[0].1.goodput.is_empty()
         {
             return Err(field(
                 "workload[0].args",

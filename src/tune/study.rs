@@ -20,7 +20,7 @@ use super::records::{
     BestRecord, Outcome, Phase, Records, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus,
     WarmStart,
 };
-use super::spec::{Metric, Study};
+use super::spec::{ObjectiveMetric, Study};
 use super::TuneError;
 use crate::space::{CommandLine, Config, Kind, Space};
 use crate::store::Store;
@@ -76,7 +76,7 @@ impl<E: Evaluator> Runner<E> {
         (self.progress)(s);
     }
 
-    fn metric(&self) -> Metric {
+    fn metric(&self) -> ObjectiveMetric {
         self.study.spec.objective.metric
     }
 
@@ -229,7 +229,7 @@ impl<E: Evaluator> Runner<E> {
     /// screened-out one only by its screen, a low-fidelity reading: its screen value is scaled
     /// by `screen_to_full`, the median ratio of full to screen runs among the promoted trials,
     /// so that a short run's ramp-up and drain do not bias it against the full runs.
-    fn obs(t: &TrialRecord, screen_to_full: f64, metric: Metric) -> Obs {
+    fn obs(t: &TrialRecord, screen_to_full: f64, metric: ObjectiveMetric) -> Obs {
         let estimate = match (t.objective, t.screen_objective, t.promoted) {
             (Some(full), _, _) => Some(full),
             (None, Some(s), false) => Some(s * screen_to_full),
@@ -443,7 +443,7 @@ impl<E: Evaluator> Runner<E> {
             self.put_trial(&trial)?;
             // What screening ranks by (tokens per joule is known only after the engine stops,
             // so those studies screen on output throughput).
-            let tpj = self.metric() == Metric::TokensPerJoule;
+            let tpj = self.metric() == ObjectiveMetric::TokensPerJoule;
             let screens: Vec<f64> = search
                 .iter()
                 .filter(|t| t.status == TrialStatus::Ok)
@@ -535,7 +535,7 @@ impl<E: Evaluator> Runner<E> {
         seed_offset: u64,
     ) -> Result<Measurement, TrialFailure> {
         let o = self.study.spec.objective.clone();
-        if o.metric != Metric::MaxRate {
+        if o.metric != ObjectiveMetric::MaxRate {
             return self
                 .eval
                 .run(&RunSpec {
@@ -751,7 +751,7 @@ impl<E: Evaluator> Runner<E> {
         let dir = self.trial_dir(t.seq);
         // Tokens per joule is known only once the engine stops: screen on throughput.
         let screen_value = move |m: &Measurement| match metric {
-            Metric::TokensPerJoule => m.output_throughput,
+            ObjectiveMetric::TokensPerJoule => m.output_throughput,
             _ => m.objective(metric).unwrap_or(0.0),
         };
         let best_screen = screens.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -833,7 +833,7 @@ impl<E: Evaluator> Runner<E> {
             for m in [t.screen.as_mut(), t.full.as_mut()].into_iter().flatten() {
                 m.tokens_per_joule = tpj;
             }
-            if self.metric() == Metric::TokensPerJoule && t.early_stop.is_none() {
+            if self.metric() == ObjectiveMetric::TokensPerJoule && t.early_stop.is_none() {
                 t.screen_objective = tpj;
                 if t.promoted {
                     t.objective = tpj;

@@ -17,7 +17,7 @@ use crate::space::Space;
 use crate::tune::encode::{
     arity, coord_distance, decode, edges, encode, neighbour, random_config, Coord,
 };
-use crate::tune::stats::{cdf, pdf};
+use crate::tune::significance::{cdf, pdf};
 
 pub const STARTUP: usize = 6;
 const RANDOM_CANDIDATES: usize = 256;

@@ -7,8 +7,8 @@
 //! baselines every result is compared with.
 
 mod anneal;
-pub mod baseline;
 mod gp;
+pub mod reference;
 mod tpe;
 
 use std::collections::HashSet;
@@ -22,7 +22,7 @@ use crate::space::{Config, Space};
 /// Which optimiser a study uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
-pub enum Kind {
+pub enum Algorithm {
     /// Tree-structured Parzen estimator (Bergstra et al. 2011), per-parameter densities.
     #[default]
     Tpe,
@@ -37,27 +37,27 @@ pub enum Kind {
     Reports,
 }
 
-impl Kind {
-    pub const ALL: [Kind; 6] = [
-        Kind::Tpe,
-        Kind::Gp,
-        Kind::Anneal,
-        Kind::Random,
-        Kind::Grid,
-        Kind::Reports,
+impl Algorithm {
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::Tpe,
+        Algorithm::Gp,
+        Algorithm::Anneal,
+        Algorithm::Random,
+        Algorithm::Grid,
+        Algorithm::Reports,
     ];
     pub fn name(self) -> &'static str {
         match self {
-            Kind::Tpe => "tpe",
-            Kind::Gp => "gp",
-            Kind::Anneal => "anneal",
-            Kind::Random => "random",
-            Kind::Grid => "grid",
-            Kind::Reports => "reports",
+            Algorithm::Tpe => "tpe",
+            Algorithm::Gp => "gp",
+            Algorithm::Anneal => "anneal",
+            Algorithm::Random => "random",
+            Algorithm::Grid => "grid",
+            Algorithm::Reports => "reports",
         }
     }
-    pub fn parse(s: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.name() == s)
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -91,24 +91,24 @@ pub trait Optimizer {
 }
 
 /// Random trials a model-based optimiser runs (after the baselines) before its model proposes.
-pub fn startup_trials(kind: Kind) -> usize {
+pub fn startup_trials(kind: Algorithm) -> usize {
     match kind {
-        Kind::Tpe => tpe::STARTUP,
-        Kind::Gp => gp::STARTUP,
-        Kind::Anneal | Kind::Random | Kind::Grid | Kind::Reports => 0,
+        Algorithm::Tpe => tpe::STARTUP,
+        Algorithm::Gp => gp::STARTUP,
+        Algorithm::Anneal | Algorithm::Random | Algorithm::Grid | Algorithm::Reports => 0,
     }
 }
 
 /// The fewest search trials before a convergence rule may stop a study: the baselines, the
 /// warm start and the optimiser's random start-up, then at least as many model-guided trials
 /// as twice the number of parameters (five at least), so that the model has had its chance.
-pub fn convergence_floor(kind: Kind, space: &Space, warm: usize) -> u32 {
+pub fn convergence_floor(kind: Algorithm, space: &Space, warm: usize) -> u32 {
     let dims = space.params.len();
     (space.baselines().len() + warm + startup_trials(kind) + (2 * dims).max(5)) as u32
 }
 
 /// Builds an optimiser.
-pub fn make(kind: Kind, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
+pub fn make(kind: Algorithm, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
     make_warm(kind, space, seed, Vec::new())
 }
 
@@ -116,18 +116,18 @@ pub fn make(kind: Kind, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
 /// best before, with where they come from) before its own: a warm start. They enter the
 /// history like any trial, so the optimiser's model starts from them.
 pub fn make_warm(
-    kind: Kind,
+    kind: Algorithm,
     space: &Space,
     seed: u64,
     warm: Vec<(Config, String)>,
 ) -> Box<dyn Optimizer + Send> {
     let inner: Box<dyn Optimizer + Send> = match kind {
-        Kind::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed)),
-        Kind::Gp => Box::new(gp::Gp::new(space.clone(), seed)),
-        Kind::Anneal => Box::new(anneal::Anneal::new(space.clone(), seed)),
-        Kind::Random => Box::new(baseline::Random::new(space.clone(), seed)),
-        Kind::Grid => Box::new(baseline::Grid::new(space.clone(), seed)),
-        Kind::Reports => Box::new(baseline::Reports::new(space.clone())),
+        Algorithm::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed)),
+        Algorithm::Gp => Box::new(gp::Gp::new(space.clone(), seed)),
+        Algorithm::Anneal => Box::new(anneal::Anneal::new(space.clone(), seed)),
+        Algorithm::Random => Box::new(reference::Random::new(space.clone(), seed)),
+        Algorithm::Grid => Box::new(reference::Grid::new(space.clone(), seed)),
+        Algorithm::Reports => Box::new(reference::Reports::new(space.clone())),
     };
     Box::new(WithBaselines {
         baselines: space.baselines(),

@@ -75,7 +75,7 @@ fn evaluate(c: &Config) -> Obs {
     }
 }
 
-fn run(kind: Kind, seed: u64, n: usize) -> Vec<Obs> {
+fn run(kind: Algorithm, seed: u64, n: usize) -> Vec<Obs> {
     let space = toy();
     let mut opt = make(kind, &space, seed);
     let mut hist = Vec::new();
@@ -88,7 +88,7 @@ fn run(kind: Kind, seed: u64, n: usize) -> Vec<Obs> {
 
 #[test]
 fn the_first_trial_is_always_the_defaults() {
-    for k in Kind::ALL {
+    for k in Algorithm::ALL {
         let h = run(k, 7, 1);
         assert_eq!(h[0].config, toy().defaults(), "{}", k.name());
     }
@@ -96,11 +96,11 @@ fn the_first_trial_is_always_the_defaults() {
 
 #[test]
 fn proposals_are_deterministic_for_a_seed_and_differ_across_seeds() {
-    for k in Kind::ALL {
+    for k in Algorithm::ALL {
         let a: Vec<Config> = run(k, 3, 14).into_iter().map(|o| o.config).collect();
         let b: Vec<Config> = run(k, 3, 14).into_iter().map(|o| o.config).collect();
         assert_eq!(a, b, "{} is not deterministic", k.name());
-        if k != Kind::Reports {
+        if k != Algorithm::Reports {
             let c: Vec<Config> = run(k, 4, 14).into_iter().map(|o| o.config).collect();
             assert_ne!(a, c, "{} ignores the seed", k.name());
         }
@@ -109,7 +109,7 @@ fn proposals_are_deterministic_for_a_seed_and_differ_across_seeds() {
 
 #[test]
 fn a_resumed_optimiser_proposes_what_the_original_would_have() {
-    for k in Kind::ALL {
+    for k in Algorithm::ALL {
         let h = run(k, 11, 12);
         let mut fresh = make(k, &toy(), 11);
         let p = fresh.propose(&h[..9]).unwrap();
@@ -124,9 +124,9 @@ fn model_based_optimisers_find_the_peak_and_avoid_the_crash_region() {
     let (mut tpe_best, mut gp_best, mut rnd_best) = (0.0, 0.0, 0.0);
     let (mut tpe_crash, mut gp_crash, mut rnd_crash) = (0, 0, 0);
     for seed in 0..4 {
-        let t = run(Kind::Tpe, seed, 30);
-        let g = run(Kind::Gp, seed, 30);
-        let r = run(Kind::Random, seed, 30);
+        let t = run(Algorithm::Tpe, seed, 30);
+        let g = run(Algorithm::Gp, seed, 30);
+        let r = run(Algorithm::Random, seed, 30);
         tpe_best += best_of(&t);
         gp_best += best_of(&g);
         rnd_best += best_of(&r);
@@ -148,10 +148,10 @@ fn model_based_optimisers_find_the_peak_and_avoid_the_crash_region() {
 #[test]
 fn grid_visits_distinct_points_then_says_it_is_exhausted() {
     let space = toy();
-    let grid = baseline::Grid::new(space.clone(), 0);
+    let grid = reference::Grid::new(space.clone(), 0);
     // 3 levels of x, 3 of y, 3 modes.
     assert_eq!(grid.len(), 27);
-    let mut opt = make(Kind::Grid, &space, 0);
+    let mut opt = make(Algorithm::Grid, &space, 0);
     let mut hist = Vec::new();
     while let Ok(p) = opt.propose(&hist) {
         assert!(!hist.iter().any(|h: &Obs| h.config == p.config));
@@ -163,7 +163,7 @@ fn grid_visits_distinct_points_then_says_it_is_exhausted() {
 
 #[test]
 fn reports_method_changes_one_option_at_a_time_then_combines_the_winners() {
-    let h = run(Kind::Reports, 0, 40);
+    let h = run(Algorithm::Reports, 0, 40);
     let d = toy().defaults();
     let changed = |c: &Config| c.iter().filter(|(k, v)| d.get(*k) != Some(v)).count();
     let singles = h[1..]

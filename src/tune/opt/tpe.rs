@@ -13,7 +13,7 @@ use rand::Rng;
 use super::{ranked, rng_for, Obs, Optimizer, Proposal};
 use crate::space::Space;
 use crate::tune::encode::{arity, decode, encode, random_config, random_coord, random_unit, Coord};
-use crate::tune::stats::cdf;
+use crate::tune::significance::cdf;
 
 /// Random trials (after the baselines) before the model is used.
 pub const STARTUP: usize = 6;
