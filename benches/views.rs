@@ -121,7 +121,7 @@ fn main() {
                     .expect("put");
             }
         }
-        records.backfill_summaries().expect("summaries");
+        records.refresh_summaries().expect("summaries");
         let ids: Vec<String> = records
             .studies()
             .expect("studies")

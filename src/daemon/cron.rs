@@ -4,18 +4,22 @@
 //!
 //! Parsing and the search for the next time are `croner`'s; the zone rules are `chrono-tz`'s
 //! (the IANA database compiled in, so a node without `/usr/share/zoneinfo` schedules the same).
-//! Wall-clock times follow the zone across daylight saving as Vixie cron does: "0 3 * * *" in
-//! `Europe/Berlin` is 03:00 Berlin time in winter and in summer; a time that a spring-forward
-//! skips fires at the first time after the gap, and a time that a fall-back repeats fires once.
-//! As in Vixie cron, when day-of-month and day-of-week are both restricted a day matching
-//! either one fires.
+//! Wall-clock times follow the zone across daylight saving: "0 3 * * *" in `Europe/Berlin` is
+//! 03:00 Berlin time in winter and in summer. A fixed time (one minute of one hour) that the
+//! spring change skips fires right after the gap; the times of an interval pattern (`*/30 2 * *
+//! *`) inside the gap do not exist and are skipped. A wall-clock time the autumn change repeats
+//! fires once, at its first pass, for every pattern.
+//!
+//! When day-of-month and day-of-week are both restricted, a day matching either one fires, as in
+//! Vixie cron; unlike Vixie cron, croner counts only a bare `*` as unrestricted, so a stepped
+//! day-of-month (`*/2`) with a weekday means "either".
 
 use std::fmt;
 
-use chrono::{DateTime, LocalResult, TimeZone, Utc};
+use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
-use croner::{Cron, JobType};
+use croner::Cron;
 
 /// Why a schedule was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +43,9 @@ impl PartialEq for Schedule {
         self.expr == other.expr && self.tz == other.tz
     }
 }
+
+/// The most past answers croner can give before a future one: the minutes of a repeated hour.
+const MAX_PAST_ANSWERS: usize = 61;
 
 impl Schedule {
     /// Parses a five-field cron expression or an `@alias`, to be read in the IANA zone `tz`.
@@ -105,19 +112,14 @@ impl Schedule {
             .timestamp_opt(unix_secs, 0)
             .single()?
             .with_timezone(&self.tz);
-        let fixed = self.cron.determine_job_type() == JobType::FixedTime;
         let mut from = now;
-        // Each pass moves `from` to a later wall-clock time; a few are enough for any zone.
-        for _ in 0..4 {
+        // croner searches wall-clock time and answers a time the autumn change repeats with its
+        // first pass. Asked from inside the second pass, that answer is already past: each
+        // wall-clock time fires once, so the search moves on past it. Every pass moves `from`
+        // to a later wall-clock minute; a repeated hour holds at most 60 of them.
+        for _ in 0..=MAX_PAST_ANSWERS {
             let next = self.cron.find_next_occurrence(&from, false).ok()?;
-            // Asked from inside an hour the autumn change repeats, croner answers a fixed time
-            // with its first pass, which is already past; and a fixed wall-clock time fires once,
-            // so its second pass is skipped too.
-            let repeated = matches!(
-                self.tz.from_local_datetime(&next.naive_local()),
-                LocalResult::Ambiguous(first, _) if first < next
-            );
-            if next.timestamp() > unix_secs && !(fixed && repeated) {
+            if next.timestamp() > unix_secs {
                 return Some(next.timestamp());
             }
             from = next;
@@ -335,6 +337,33 @@ mod tests {
         assert_eq!(s.next_after(first), Some(ts(2027, 11, 1, 1, 30)));
         // Also when the scheduler asks a little later, inside the repeated hour.
         assert_eq!(s.next_after(first + 1800), Some(ts(2027, 11, 1, 1, 30)));
+    }
+
+    /// An interval pattern asked from inside the repeated autumn hour (02:05 CET, its second
+    /// pass): croner's answers 02:10 … 02:50 are the first pass, all past; the next time is the
+    /// first one after the hour, never none.
+    #[test]
+    fn an_interval_schedule_asked_inside_the_repeated_hour_fires_after_it() {
+        let s = Schedule::parse("*/10 * * * *", "Europe/Berlin").unwrap();
+        let second_pass = ts(2027, 10, 31, 1, 5); // 02:05 CET
+        assert_eq!(s.next_after(second_pass), Some(ts(2027, 10, 31, 2, 0)));
+        // Every minute: up to 55 past answers in a row before 03:00 CET.
+        let every = Schedule::parse("* * * * *", "Europe/Berlin").unwrap();
+        assert_eq!(
+            every.next_after(ts(2027, 10, 31, 1, 4)),
+            Some(ts(2027, 10, 31, 2, 0))
+        );
+        // In the first pass, times come minute by minute as usual.
+        assert_eq!(
+            s.next_after(ts(2027, 10, 31, 0, 5)),
+            Some(ts(2027, 10, 31, 0, 10))
+        );
+        // A spring gap: the times of an interval pattern inside it do not exist.
+        let gap = Schedule::parse("*/30 2 * * *", "Europe/Berlin").unwrap();
+        assert_eq!(
+            gap.next_after(local("Europe/Berlin", 2027, 3, 28, 1, 45)),
+            Some(local("Europe/Berlin", 2027, 3, 29, 2, 0))
+        );
     }
 
     #[test]

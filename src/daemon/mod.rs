@@ -177,9 +177,9 @@ impl<B: Backend> Daemon<B> {
         token: String,
     ) -> Daemon<B> {
         let started = clock.now();
-        match Records::new(store.clone()).backfill_summaries() {
+        match Records::new(store.clone()).refresh_summaries() {
             Ok(0) => {}
-            Ok(n) => tracing::info!("summarised {n} studies stored before summaries existed"),
+            Ok(n) => tracing::info!("rewrote the summaries of {n} studies from their trials"),
             Err(e) => tracing::warn!("summarising stored studies: {e}"),
         }
         Daemon {

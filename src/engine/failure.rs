@@ -138,6 +138,10 @@ impl Default for Patterns {
     }
 }
 
+/// The order in which classes are tried: a bad flag or a taken port explains everything after
+/// it. The same classes as `space::FAILURE_CLASSES` (a unit test checks).
+const PRIORITY: [&str; 4] = ["bad_flag", "port_in_use", "oom", "unsupported"];
+
 impl Patterns {
     pub fn new(engine: &BTreeMap<String, Vec<String>>) -> Self {
         let mut by_class: Vec<(String, String)> = engine
@@ -151,8 +155,7 @@ impl Patterns {
     /// Classifies a log. `after_ready`: the engine had passed its readiness ladder (a failure is
     /// then "during the run"). Returns `None` when no pattern matches.
     pub fn classify(&self, log: &str, after_ready: bool) -> Option<Failure> {
-        // Priority: a bad flag or a taken port explains everything after it.
-        for class in ["bad_flag", "port_in_use", "oom", "unsupported"] {
+        for class in PRIORITY {
             for (k, pat) in &self.by_class {
                 if k != class {
                     continue;
@@ -200,6 +203,15 @@ fn line_at(text: &str, pos: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_priority_covers_exactly_the_classes_an_engine_file_may_name() {
+        let mut a: Vec<&str> = PRIORITY.to_vec();
+        let mut b: Vec<&str> = crate::space::FAILURE_CLASSES.to_vec();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+    }
 
     fn classify(log: &str, after: bool) -> Option<Failure> {
         Patterns::new(&BTreeMap::new()).classify(log, after)

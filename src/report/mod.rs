@@ -462,7 +462,12 @@ pub fn charts(d: &ReportData) -> Vec<(String, String)> {
                 svg::effect(&name, &pts, axis, &ylabel),
             ));
         } else {
-            let mut labels: Vec<String> = vals.iter().map(|(v, _)| show(v)).collect();
+            // Every value a search trial tried is a tick, also one whose trials all failed or
+            // missed the constraints (no point above it then).
+            let mut labels: Vec<String> = search
+                .iter()
+                .filter_map(|t| t.config.get(&name).map(show))
+                .collect();
             labels.sort();
             labels.dedup();
             let pts: Vec<(f64, f64, Mark)> = vals

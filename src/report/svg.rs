@@ -128,8 +128,8 @@ impl<'a> Frame<'a> {
                 .map(|(i, l)| (i as f64, l.clone()))
                 .collect(),
             XAxis::Log => {
-                // Powers of two (the steps engine flags come in) up to 13 ticks, at least 45
-                // pixels apart, else powers of ten.
+                // Powers of two (the steps engine flags come in) up to 13 doublings (14 ticks,
+                // about 40 pixels apart on the 560-pixel axis), else powers of ten.
                 let (lo, hi) = (10f64.powf(self.x0), 10f64.powf(self.x1));
                 let base: f64 = if (hi / lo).log2() <= 13.0 { 2.0 } else { 10.0 };
                 let mut t = base.powf((lo.ln() / base.ln()).ceil());

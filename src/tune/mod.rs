@@ -1,8 +1,8 @@
 //! Tuning studies: the study file (`spec`), the optimisers (`opt`, over the unit-cube
-//! coordinates of `encode`), the study loop with its records in the store (`study`), the
-//! evaluator that measures a configuration for real (`eval`; the mock's `evaluator` does it in
-//! virtual time), the recommendation gate (`decide`), the statistics of the final comparison
-//! (`stats`) and the `servetune tune|trials|best` commands (`cli`).
+//! coordinates of `encode`), the study loop (`study`), its records and their one typed layer
+//! over the store (`records`), the evaluator that measures a configuration for real (`eval`;
+//! the mock's `evaluator` does it in virtual time), the recommendation gate (`decide`) and its
+//! statistics (`significance`). The `tune|trials|best` commands are the top-level `cli`.
 
 pub mod decide;
 pub mod encode;

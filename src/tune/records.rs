@@ -290,16 +290,14 @@ impl Histogram {
     }
 }
 
-/// One study's trials, counted: what the daemon's views need without loading them.
+/// One study's trials, counted: what the daemon's views need without loading them. Derived
+/// data: a summary that does not read (an older shape) is recomputed from the trials.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StudySummary {
     pub study: String,
     pub trials: usize,
     pub search_trials: usize,
-    /// Finished search trials (not running).
-    pub search_done: usize,
-    /// Trials that are not running.
-    pub finished: usize,
     pub ok: usize,
     pub infeasible: usize,
     pub failed: usize,
@@ -309,31 +307,16 @@ pub struct StudySummary {
     pub durations: Histogram,
     /// Seconds from spawn to the first answered request.
     pub launches: Histogram,
-    /// Mean wall time of finished search trials (the time-left estimate).
-    pub search_mean_s: Option<f64>,
 }
 
 impl StudySummary {
     fn of(study: &str, ts: &[TrialRecord]) -> StudySummary {
         let search: Vec<&TrialRecord> = ts.iter().filter(|t| t.kind == TrialKind::Search).collect();
-        let done: Vec<f64> = search
-            .iter()
-            .filter(|t| t.status != TrialStatus::Running)
-            .filter_map(|t| Some(t.ended? - t.started))
-            .collect();
         let count = |st: TrialStatus| ts.iter().filter(|t| t.status == st).count();
         StudySummary {
             study: study.to_owned(),
             trials: ts.len(),
             search_trials: search.len(),
-            search_done: search
-                .iter()
-                .filter(|t| t.status != TrialStatus::Running)
-                .count(),
-            finished: ts
-                .iter()
-                .filter(|t| t.status != TrialStatus::Running)
-                .count(),
             ok: count(TrialStatus::Ok),
             infeasible: count(TrialStatus::Infeasible),
             failed: count(TrialStatus::Failed),
@@ -347,7 +330,6 @@ impl StudySummary {
                     .filter_map(|t| Some((t.ended? - t.started).max(0.0))),
             ),
             launches: Histogram::of(&LAUNCH_BUCKETS, ts.iter().filter_map(|t| t.startup_s)),
-            search_mean_s: (!done.is_empty()).then(|| done.iter().sum::<f64>() / done.len() as f64),
         }
     }
 }
@@ -409,21 +391,29 @@ impl Records {
     /// A study's summary; computed from its trials (and not stored: readers write nothing) when
     /// a store written before summaries existed has none.
     pub fn summary(&self, study: &str) -> Result<StudySummary, StoreError> {
-        if let Some(s) = self.store.get::<StudySummary>(SUMMARIES, study)? {
-            return Ok(s);
+        match self.store.get::<StudySummary>(SUMMARIES, study) {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) | Err(StoreError::Decode { .. }) => {
+                Ok(StudySummary::of(study, &self.trials(study)?))
+            }
+            Err(e) => Err(e),
         }
-        Ok(StudySummary::of(study, &self.trials(study)?))
     }
 
-    /// Writes the summary of every study that has none (a store from before summaries); the
-    /// daemon does it once at start, so that no request has to.
-    pub fn backfill_summaries(&self) -> Result<usize, StoreError> {
+    /// Rewrites every study's summary that differs from its trials: a store from before
+    /// summaries, or one where servetune died between a trial's write and its summary's. The
+    /// daemon does it once at start, so that no request has to; returns how many it wrote.
+    pub fn refresh_summaries(&self) -> Result<usize, StoreError> {
         let mut n = 0;
         for r in self.studies()? {
-            if self.store.get::<StudySummary>(SUMMARIES, &r.id)?.is_none() {
-                let ts = self.trials(&r.id)?;
-                self.store
-                    .put(SUMMARIES, &r.id, &StudySummary::of(&r.id, &ts))?;
+            let fresh = StudySummary::of(&r.id, &self.trials(&r.id)?);
+            let stored = self
+                .store
+                .get::<StudySummary>(SUMMARIES, &r.id)
+                .ok()
+                .flatten();
+            if stored.as_ref() != Some(&fresh) {
+                self.store.put(SUMMARIES, &r.id, &fresh)?;
                 n += 1;
             }
         }
@@ -519,8 +509,14 @@ mod tests {
             .unwrap();
         r.put_trial(&trial("b", 0, TrialKind::Search, TrialStatus::Failed))
             .unwrap();
+        // A re-measurement round counts as a trial, not as a search trial.
+        let round = TrialKind::Remeasure {
+            round: 0,
+            candidate: 0,
+        };
+        r.put_trial(&trial("b", 1, round, TrialStatus::Ok)).unwrap();
         let s = r.summary("a").unwrap();
-        assert_eq!((s.trials, s.search_trials, s.search_done), (3, 3, 2));
+        assert_eq!((s.trials, s.search_trials), (3, 3));
         assert_eq!((s.ok, s.failed, s.screened_out), (2, 0, 1));
         // Durations 0 s and 20 s; launches 4 s for all three.
         assert_eq!(s.durations.count, 2);
@@ -528,18 +524,22 @@ mod tests {
         assert_eq!(s.durations.buckets[0], 1, "<= 10 s");
         assert_eq!(s.durations.buckets[1], 2, "<= 30 s");
         assert_eq!(s.launches.buckets[1], 3, "<= 5 s");
-        assert_eq!(s.search_mean_s, Some(10.0));
         // The running trial finishes: the summary follows.
         r.put_trial(&trial("a", 2, TrialKind::Search, TrialStatus::Infeasible))
             .unwrap();
         let s = r.summary("a").unwrap();
-        assert_eq!((s.infeasible, s.finished), (1, 3));
-        assert_eq!(r.summary("b").unwrap().failed, 1);
+        assert_eq!((s.infeasible, s.ok), (1, 2));
+        let b = r.summary("b").unwrap();
+        assert_eq!((b.trials, b.search_trials, b.failed, b.ok), (2, 1, 1, 1));
         let mut total = r.summary("a").unwrap().durations;
-        total.merge(&r.summary("b").unwrap().durations);
-        assert_eq!(total.count, 4);
+        total.merge(&b.durations);
+        assert_eq!(total.count, 5);
 
-        // A store from before summaries: computed on read, written by the backfill.
+        // A store from before summaries, or a summary left behind by a crash: computed on
+        // read (a reader writes nothing), rewritten by the refresh.
+        for id in ["a", "b"] {
+            r.put_study(&study(id)).unwrap();
+        }
         r.store.remove(SUMMARIES, "a").unwrap();
         assert_eq!(r.summary("a").unwrap().trials, 3);
         assert!(r
@@ -547,7 +547,24 @@ mod tests {
             .get::<StudySummary>(SUMMARIES, "a")
             .unwrap()
             .is_none());
-        assert_eq!(r.remove_study("b").unwrap(), 1);
+        let mut stale = r.summary("b").unwrap();
+        stale.ok = 99;
+        r.store.put(SUMMARIES, "b", &stale).unwrap();
+        assert_eq!(r.refresh_summaries().unwrap(), 2);
+        assert_eq!(
+            r.store
+                .get::<StudySummary>(SUMMARIES, "a")
+                .unwrap()
+                .unwrap()
+                .trials,
+            3
+        );
+        assert_eq!(r.summary("b").unwrap().ok, 1);
+        assert_eq!(r.refresh_summaries().unwrap(), 0, "nothing to rewrite");
+        // A summary of another shape is derived data: recomputed, not an error.
+        r.store.put(SUMMARIES, "b", &"not a summary").unwrap();
+        assert_eq!(r.summary("b").unwrap().trials, 2);
+        assert_eq!(r.remove_study("b").unwrap(), 2);
         assert!(r
             .store
             .get::<StudySummary>(SUMMARIES, "b")
@@ -556,11 +573,8 @@ mod tests {
         assert!(r.trials("b").unwrap().is_empty());
     }
 
-    #[test]
-    fn the_latest_finished_study_of_a_name() {
-        let dir = tempfile::tempdir().unwrap();
-        let r = Records::new(Store::open(dir.path()).unwrap());
-        let rec = |id: &str, name: &str, created: f64, phase: Phase| StudyRecord {
+    fn named(id: &str, name: &str, created: f64, phase: Phase) -> StudyRecord {
+        StudyRecord {
             id: id.into(),
             spec_text: format!("[study]\nname = \"{name}\"\n"),
             created,
@@ -576,7 +590,18 @@ mod tests {
             outcome: None,
             warm_start: vec![],
             log_params: vec![],
-        };
+        }
+    }
+
+    fn study(id: &str) -> StudyRecord {
+        named(id, id, 1.0, Phase::Done)
+    }
+
+    #[test]
+    fn the_latest_finished_study_of_a_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Records::new(Store::open(dir.path()).unwrap());
+        let rec = named;
         r.put_study(&rec("n-1", "n", 1.0, Phase::Done)).unwrap();
         r.put_study(&rec("n-2", "n", 2.0, Phase::Done)).unwrap();
         r.put_study(&rec("n-3", "n", 3.0, Phase::Search)).unwrap();

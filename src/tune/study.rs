@@ -1,9 +1,9 @@
-//! The study loop and its records. suggest → repair/reject → launch → screen → (promote →
+//! The study loop. suggest → repair/reject → launch → screen → (promote →
 //! full run) → record → tell, until the budget or convergence stops it; then the best few and
 //! the baseline are re-measured interleaved (A B C, C B A, …) for a confidence interval, and the
 //! winner is run on every validation workload.
 //!
-//! Everything that decides what comes next is derived from the records in the store, written
+//! Everything that decides what comes next is derived from the records (`records`), written
 //! (and flushed) before and after every trial: a study killed at any moment resumes where it
 //! stopped, the interrupted trial runs again, and no finished trial is lost.
 
