@@ -2,8 +2,8 @@
 //! they read now against loading every trial of every study, as they did before
 //! (`tune::records`). Prints a table; run with `cargo bench --bench views`.
 //!
-//! Each study has 12 trials whose measurements carry the vLLM summary block of a real run
-//! (about 3 KB a trial, as stored). Timings are the median of 5 repetitions, in one run, so the
+//! Each study has 12 trials whose screen and full measurements carry a summary block of 60
+//! figures, as real runs store the vLLM result block. Timings are the median of 5 repetitions, in one run, so the
 //! ratios are what to read; the machine's noise moves the absolute numbers.
 
 use std::collections::BTreeMap;

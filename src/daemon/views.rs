@@ -13,8 +13,8 @@ use super::{Backend, Daemon, DaemonError, Intent};
 use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::space::CommandLine;
 use crate::tune::records::{
-    Histogram, Phase, StudyRecord, StudySummary, TrialKind, TrialRecord, TrialStatus,
-    DURATION_BUCKETS, LAUNCH_BUCKETS,
+    latest_by_name, Histogram, Phase, StudyRecord, StudySummary, TrialKind, TrialRecord,
+    TrialStatus, DURATION_BUCKETS, LAUNCH_BUCKETS,
 };
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -393,18 +393,14 @@ fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], h: &Histo
 /// `GET /metrics`, in Prometheus' text format (0.0.4).
 pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
     let jobs = d.queue.all()?;
-    let latest = d.records().latest_by_name()?;
-    // Totals over every study's summary: no trial is loaded.
+    // The study records are read once; the totals come from their summaries (no trial is
+    // loaded).
+    let studies = d.records().studies()?;
     let mut total = StudySummary::default();
-    for r in d.records().studies()? {
-        let one = d.records().summary(&r.id)?;
-        total.ok += one.ok;
-        total.infeasible += one.infeasible;
-        total.failed += one.failed;
-        total.screened_out += one.screened_out;
-        total.durations.merge(&one.durations);
-        total.launches.merge(&one.launches);
+    for r in &studies {
+        total.merge(&d.records().summary(&r.id)?);
     }
+    let latest = latest_by_name(studies);
     let mut s = String::new();
     let _ = writeln!(s, "# HELP servetune_up Whether the daemon is serving.");
     let _ = writeln!(s, "# TYPE servetune_up gauge\nservetune_up 1");

@@ -334,6 +334,32 @@ impl StudySummary {
     }
 }
 
+impl StudySummary {
+    /// Adds another study's counts and histograms (the daemon's totals).
+    pub fn merge(&mut self, o: &StudySummary) {
+        self.trials += o.trials;
+        self.search_trials += o.search_trials;
+        self.ok += o.ok;
+        self.infeasible += o.infeasible;
+        self.failed += o.failed;
+        self.screened_out += o.screened_out;
+        self.durations.merge(&o.durations);
+        self.launches.merge(&o.launches);
+    }
+}
+
+/// The latest study of each name (finished or not), from the studies already read.
+pub fn latest_by_name(studies: Vec<StudyRecord>) -> BTreeMap<String, StudyRecord> {
+    let mut latest: BTreeMap<String, StudyRecord> = BTreeMap::new();
+    for r in studies {
+        let name = r.name().unwrap_or_else(|| r.id.clone());
+        if latest.get(&name).is_none_or(|o| o.created < r.created) {
+            latest.insert(name, r);
+        }
+    }
+    latest
+}
+
 pub const SUMMARIES: &str = "summaries";
 
 /// The typed layer over the store for the tuner's trees.
@@ -444,18 +470,6 @@ impl Records {
                 r.id != except && r.phase == Phase::Done && r.name().as_deref() == Some(name)
             })
             .max_by(|a, b| a.created.total_cmp(&b.created)))
-    }
-
-    /// The latest study of each name (finished or not).
-    pub fn latest_by_name(&self) -> Result<BTreeMap<String, StudyRecord>, StoreError> {
-        let mut latest: BTreeMap<String, StudyRecord> = BTreeMap::new();
-        for r in self.studies()? {
-            let name = r.name().unwrap_or_else(|| r.id.clone());
-            if latest.get(&name).is_none_or(|o| o.created < r.created) {
-                latest.insert(name, r);
-            }
-        }
-        Ok(latest)
     }
 
     pub fn best(&self, key: &str) -> Result<Option<BestRecord>, StoreError> {
@@ -613,7 +627,7 @@ mod tests {
             Some("n-1".into())
         );
         assert_eq!(id(r.latest_finished("x", "").unwrap()), None);
-        let latest = r.latest_by_name().unwrap();
+        let latest = latest_by_name(r.studies().unwrap());
         assert_eq!(latest["n"].id, "n-3");
         assert_eq!(latest["m"].id, "m-1");
     }

@@ -18,7 +18,7 @@ pub fn cdf(z: f64) -> f64 {
 
 /// Inverse of the standard normal distribution function (the load generator's, one
 /// definition for the crate).
-pub use crate::bench::abort::normal_quantile;
+use crate::bench::abort::normal_quantile;
 
 fn std_normal() -> statrs::distribution::Normal {
     statrs::distribution::Normal::standard()
