@@ -344,7 +344,8 @@ impl Api {
     }
 }
 
-/// Replaces wall-clock values (and whatever depends on them) for snapshots.
+/// Replaces wall-clock values (and whatever depends on them) for snapshots, and the checkout's
+/// absolute path (a clean clone lives elsewhere) by `<repo>`.
 fn redact(v: &mut Json) {
     const KEYS: &[&str] = &[
         "created",
@@ -371,6 +372,9 @@ fn redact(v: &mut Json) {
             }
         }
         Json::Array(a) => a.iter_mut().for_each(redact),
+        Json::String(s) if s.contains(env!("CARGO_MANIFEST_DIR")) => {
+            *s = s.replace(env!("CARGO_MANIFEST_DIR"), "<repo>");
+        }
         _ => {}
     }
 }
