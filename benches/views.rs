@@ -1,18 +1,23 @@
-//! What the daemon's list of studies and its `/metrics` cost as the store grows: the summaries
-//! they read now against loading every trial of every study, as they did before
-//! (`tune::records`). Prints a table; run with `cargo bench --bench views`.
+//! What the daemon's list of studies and its `/metrics` cost as the store grows: loading every
+//! trial of every study per request (as before `tune::records` kept summaries), against the
+//! daemon's catalog (`daemon::catalog`): built from the summaries on the first request after a
+//! write, then shared by every request until the next. Prints a table; run with
+//! `cargo bench --bench views`.
 //!
 //! Each study has 12 trials whose screen and full measurements carry a summary block of 60
-//! figures, as real runs store the vLLM result block. Timings are the median of 5 repetitions, in one run, so the
-//! ratios are what to read; the machine's noise moves the absolute numbers.
+//! figures, as real runs store the vLLM result block. Timings in ms are the median of 5
+//! repetitions, in µs the mean of 10,000, in one run, so the ratios between rows are what to
+//! read; the machine's noise moves the absolute numbers.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use servetune::daemon::catalog::{Catalog, CatalogCache};
+use servetune::daemon::queue::Queue;
 use servetune::store::Store;
 use servetune::tune::eval::Measurement;
 use servetune::tune::records::{
-    Histogram, Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus, TRIALS,
+    Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus, TRIALS,
 };
 
 const TRIALS_PER_STUDY: u32 = 12;
@@ -102,14 +107,24 @@ fn median_ms(mut f: impl FnMut()) -> f64 {
     v[2]
 }
 
+/// Mean microseconds over `n` calls (for what is too quick to time once).
+fn mean_us(n: u32, mut f: impl FnMut()) -> f64 {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+}
+
 fn main() {
     let m = measurement();
-    println!("| studies | trials | list, summaries (ms) | list, every trial (ms) | ratio | metrics, summaries (ms) | metrics, every trial (ms) | ratio |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| studies | trials | list, every trial (ms) | metrics, every trial (ms) | catalog build: first request after a write (ms) | request, catalog cached (µs) |");
+    println!("|---|---|---|---|---|---|");
     for n in [1usize, 100, 1000] {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let store = Store::open(dir.path()).expect("a store");
         let records = Records::new(store.clone());
+        let queue = Queue::new(store.clone());
         for i in 0..n {
             let id = format!("study-{i:05}");
             records.put_study(&study(&id)).expect("put");
@@ -129,14 +144,7 @@ fn main() {
             .map(|r| r.id)
             .collect();
 
-        // GET /v1/studies: every study record with its counts.
-        let list_new = median_ms(|| {
-            let mut n = 0;
-            for id in &ids {
-                n += records.summary(id).expect("summary").trials;
-            }
-            assert_eq!(n, ids.len() * TRIALS_PER_STUDY as usize);
-        });
+        // Before summaries: GET /v1/studies loaded every trial of every study per request.
         let list_old = median_ms(|| {
             let mut n = 0;
             for id in &ids {
@@ -145,17 +153,7 @@ fn main() {
             }
             assert_eq!(n, ids.len() * TRIALS_PER_STUDY as usize);
         });
-        // GET /metrics: outcome counts and the duration histogram over every trial.
-        let metrics_new = median_ms(|| {
-            let mut h = Histogram::default();
-            let mut ok = 0;
-            for r in records.studies().expect("studies") {
-                let s = records.summary(&r.id).expect("summary");
-                h.merge(&s.durations);
-                ok += s.ok;
-            }
-            assert_eq!(ok as u64, h.count);
-        });
+        // Before summaries: GET /metrics, outcome counts and durations over every trial.
         let metrics_old = median_ms(|| {
             let mut ok = 0;
             let mut durations = Vec::new();
@@ -167,11 +165,33 @@ fn main() {
             }
             assert_eq!(ok, durations.len());
         });
+        // Now: the first request after a write builds the catalog (every study record and its
+        // summary, every queue entry, the list's JSON) ...
+        let build = median_ms(|| {
+            let c = Catalog::build(store.generation(), &queue, &records).expect("catalog");
+            assert_eq!(c.studies.len(), n);
+            assert_eq!(c.totals.trials, n * TRIALS_PER_STUDY as usize);
+        });
+        // ... and every request until the next write shares it: the list's bytes and the
+        // metrics' totals, whatever the number of studies.
+        let cache = CatalogCache::default();
+        let get = || {
+            cache
+                .get(
+                    || store.generation(),
+                    |g| Catalog::build(g, &queue, &records),
+                )
+                .expect("catalog")
+        };
+        get();
+        let cached = mean_us(10_000, || {
+            let c = get();
+            let body = c.studies_json.clone();
+            assert!(body.len() > 2 && c.totals.trials == n * TRIALS_PER_STUDY as usize);
+        });
         println!(
-            "| {n} | {} | {list_new:.2} | {list_old:.2} | {:.1}x | {metrics_new:.2} | {metrics_old:.2} | {:.1}x |",
+            "| {n} | {} | {list_old:.2} | {metrics_old:.2} | {build:.2} | {cached:.2} |",
             n * TRIALS_PER_STUDY as usize,
-            list_old / list_new,
-            metrics_old / metrics_new
         );
     }
 }

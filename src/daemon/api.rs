@@ -121,8 +121,14 @@ async fn status<B: Backend>(State(d): St<B>) -> ApiResult<Json<views::Status>> {
     Ok(Json(views::status(&d)?))
 }
 
-async fn studies<B: Backend>(State(d): St<B>) -> ApiResult<Json<Vec<views::StudyView>>> {
-    Ok(Json(views::studies(&d)?))
+/// The catalog's JSON as it is: serialised once per store generation, not per request.
+async fn studies<B: Backend>(State(d): St<B>) -> ApiResult<Response> {
+    let c = d.catalog()?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        c.studies_json.clone(),
+    )
+        .into_response())
 }
 
 async fn study<B: Backend>(

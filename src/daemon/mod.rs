@@ -10,6 +10,7 @@
 //! daemon resumes on restart exactly as `servetune tune` does.
 
 pub mod api;
+pub mod catalog;
 pub mod client;
 pub mod config;
 pub mod cron;
@@ -152,6 +153,8 @@ pub struct Daemon<B: Backend> {
     /// The tuner's records (studies, trials, best, summaries) in `store`.
     records: Records,
     pub queue: Queue,
+    /// The views' reading of the store, rebuilt after a write (`catalog`).
+    catalog: catalog::CatalogCache,
     pub backend: B,
     pub clock: Arc<dyn Clock>,
     pub notifier: Notifier,
@@ -185,6 +188,7 @@ impl<B: Backend> Daemon<B> {
         Daemon {
             queue: Queue::new(store.clone()),
             records: Records::new(store.clone()),
+            catalog: Default::default(),
             cfg,
             store,
             backend,
@@ -204,6 +208,14 @@ impl<B: Backend> Daemon<B> {
 
     pub fn records(&self) -> &Records {
         &self.records
+    }
+
+    /// The store as the list views read it, current to the last write.
+    pub fn catalog(&self) -> Result<Arc<catalog::Catalog>, DaemonError> {
+        self.catalog.get(
+            || self.store.generation(),
+            |g| catalog::Catalog::build(g, &self.queue, &self.records),
+        )
     }
 
     /// Constant-time comparison of a presented bearer token with the configured one.

@@ -27,6 +27,16 @@ pub enum JobState {
 }
 
 impl JobState {
+    /// Every state, in the order the metrics list them.
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Paused,
+        JobState::Cancelled,
+        JobState::Done,
+        JobState::Failed,
+    ];
+
     pub fn label(self) -> &'static str {
         match self {
             JobState::Queued => "queued",

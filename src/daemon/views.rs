@@ -1,20 +1,20 @@
-//! What the API and the status page show, computed from the store on every request (so a
-//! restarted daemon shows exactly what it showed before): the status, the studies, the best
-//! configurations for this node, and the Prometheus metrics.
+//! What the API and the status page show, computed from the store (so a restarted daemon
+//! shows exactly what it showed before): the status, the studies, the best configurations for
+//! this node, and the Prometheus metrics. What lists every study or every queue entry comes
+//! from the `catalog`, read again only after the store changes; the rest reads one study.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use super::queue::{Job, JobState};
+use super::queue::JobState;
 use super::scheduler::rfc3339;
-use super::{Backend, Daemon, DaemonError, Intent};
+use super::{catalog, Backend, Daemon, DaemonError, Intent};
 use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::space::CommandLine;
 use crate::tune::records::{
-    latest_by_name, Histogram, Phase, StudyRecord, StudySummary, TrialKind, TrialRecord,
-    TrialStatus, DURATION_BUCKETS, LAUNCH_BUCKETS,
+    Histogram, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, DURATION_BUCKETS,
+    LAUNCH_BUCKETS,
 };
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -211,18 +211,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
 
 pub fn status<B: Backend>(d: &Daemon<B>) -> Result<Status, DaemonError> {
     let current = current_view(d)?;
-    let queue = d
-        .queue
-        .all()?
-        .into_iter()
-        .filter(|j| matches!(j.state, JobState::Queued | JobState::Paused))
-        .map(|j| QueueItem {
-            study: j.study,
-            state: j.state,
-            trigger: j.trigger,
-            submitted: rfc3339(j.submitted),
-        })
-        .collect();
+    let queue = d.catalog()?.waiting.clone();
     let next_nightly = *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner());
     let next_probe = *d.next_probe.lock().unwrap_or_else(|p| p.into_inner());
     Ok(Status {
@@ -271,61 +260,10 @@ pub fn one_line_status<B: Backend>(d: &Daemon<B>) -> String {
     }
 }
 
-fn view(job: Option<&Job>, rec: Option<&StudyRecord>, summary: &StudySummary) -> StudyView {
-    let id = job
-        .map(|j| j.study.clone())
-        .or_else(|| rec.map(|r| r.id.clone()))
-        .unwrap_or_default();
-    let o = rec.and_then(|r| r.outcome.as_ref());
-    StudyView {
-        id,
-        name: job
-            .map(|j| j.name.clone())
-            .or_else(|| rec.and_then(StudyRecord::name)),
-        state: job
-            .map(|j| j.state.label().to_owned())
-            .unwrap_or_else(|| "manual".into()),
-        trigger: job
-            .map(|j| j.trigger.clone())
-            .or_else(|| rec.map(|r| r.trigger.clone()))
-            .unwrap_or_default(),
-        submitted: job.map(|j| rfc3339(j.submitted)),
-        started: job.and_then(|j| j.started).map(rfc3339),
-        ended: job.and_then(|j| j.ended).map(rfc3339),
-        phase: rec.map(|r| r.phase),
-        trials: summary.trials,
-        search_trials: summary.search_trials,
-        metric: rec.and_then(StudyRecord::metric),
-        best_objective: rec.and_then(|r| r.best_objective),
-        verdict: o.map(|o| o.verdict.clone()),
-        recommended_command: o
-            .and_then(|o| o.recommended_command.as_ref().map(CommandLine::display)),
-        error: job.and_then(|j| j.error.clone()),
-    }
-}
-
-/// Every study: the daemon's runs in queue order, then studies run by `servetune tune`. Built
-/// from the study records and their summaries; no trial is loaded.
+/// Every study: the daemon's runs in queue order, then studies run by `servetune tune`. From
+/// the catalog (no trial is loaded; nothing is read again until the store changes).
 pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Vec<StudyView>, DaemonError> {
-    let jobs = d.queue.all()?;
-    let recs: BTreeMap<String, StudyRecord> = d
-        .records()
-        .studies()?
-        .into_iter()
-        .map(|r| (r.id.clone(), r))
-        .collect();
-    let mut out = Vec::new();
-    for j in &jobs {
-        let s = d.records().summary(&j.study)?;
-        out.push(view(Some(j), recs.get(&j.study), &s));
-    }
-    for (id, r) in &recs {
-        if !jobs.iter().any(|j| &j.study == id) {
-            let s = d.records().summary(id)?;
-            out.push(view(None, Some(r), &s));
-        }
-    }
-    Ok(out)
+    Ok(d.catalog()?.studies.clone())
 }
 
 /// One study with its record (`study`), its queue entry (`job`) and its summary (`view`).
@@ -337,7 +275,7 @@ pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::V
     }
     let s = d.records().summary(id)?;
     Ok(serde_json::json!({
-        "view": view(job.as_ref(), rec.as_ref(), &s),
+        "view": catalog::view(job.as_ref(), rec.as_ref(), &s),
         "job": job.map(|mut j| { j.spec_text.clear(); j }),
         "study": rec.as_ref().map(StudyV1::from),
     }))
@@ -392,22 +330,12 @@ fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], h: &Histo
 
 /// `GET /metrics`, in Prometheus' text format (0.0.4).
 pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
-    let jobs = d.queue.all()?;
-    // The study records are read once; the totals come from their summaries (no trial is
-    // loaded).
-    let studies = d.records().studies()?;
-    let mut total = StudySummary::default();
-    for r in &studies {
-        total.merge(&d.records().summary(&r.id)?);
-    }
-    let latest = latest_by_name(studies);
+    let c = d.catalog()?;
+    let total = &c.totals;
     let mut s = String::new();
     let _ = writeln!(s, "# HELP servetune_up Whether the daemon is serving.");
     let _ = writeln!(s, "# TYPE servetune_up gauge\nservetune_up 1");
-    let waiting = jobs
-        .iter()
-        .filter(|j| matches!(j.state, JobState::Queued | JobState::Paused))
-        .count();
+    let waiting = c.waiting.len();
     let _ = writeln!(
         s,
         "# HELP servetune_queue_length Studies waiting to run (queued or paused).\n# TYPE servetune_queue_length gauge\nservetune_queue_length {waiting}"
@@ -421,15 +349,7 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         s,
         "# HELP servetune_studies Daemon study runs by queue state.\n# TYPE servetune_studies gauge"
     );
-    for st in [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Paused,
-        JobState::Cancelled,
-        JobState::Done,
-        JobState::Failed,
-    ] {
-        let n = jobs.iter().filter(|j| j.state == st).count();
+    for (st, n) in &c.jobs_by_state {
         let _ = writeln!(s, "servetune_studies{{state=\"{}\"}} {n}", st.label());
     }
     let _ = writeln!(
@@ -458,16 +378,15 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         s,
         "# HELP servetune_best_objective The best objective of the latest study of each name.\n# TYPE servetune_best_objective gauge"
     );
-    for (name, r) in &latest {
-        if let Some(v) = r.best_objective {
-            let _ = writeln!(
-                s,
-                "servetune_best_objective{{study=\"{}\",run=\"{}\",metric=\"{}\"}} {v}",
-                esc(name),
-                esc(&r.id),
-                esc(&r.metric().unwrap_or_default())
-            );
-        }
+    for b in &c.latest {
+        let _ = writeln!(
+            s,
+            "servetune_best_objective{{study=\"{}\",run=\"{}\",metric=\"{}\"}} {}",
+            esc(&b.name),
+            esc(&b.study),
+            esc(&b.metric),
+            b.objective
+        );
     }
     histogram(
         &mut s,

@@ -15,6 +15,7 @@
 //! copy: never a second writer.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -79,6 +80,9 @@ pub struct Store {
     /// Held across a write and its mirror write, so that two threads writing one key (clones of
     /// one store) leave the mirror with the value sled has.
     writes: std::sync::Arc<std::sync::Mutex<()>>,
+    /// Counts this process's writes (`put`, `remove`) through any clone of this store, so that
+    /// a view built from the store can tell whether it is still current (`generation`).
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A file name for a key: its bytes in hex when that is short, else a hash of them (a `best`
@@ -193,6 +197,7 @@ impl Store {
             path,
             mirror: Some(dir.join("mirror")),
             writes: Default::default(),
+            generation: Default::default(),
         };
         if writer {
             store.mirror_all();
@@ -277,6 +282,7 @@ impl Store {
             path,
             mirror: None,
             writes: Default::default(),
+            generation: Default::default(),
         })
     }
 
@@ -361,6 +367,14 @@ impl Store {
         &self.path
     }
 
+    /// How many writes this process has made to the store (any tree, any clone). Bumped after
+    /// the write reaches sled: a reader that takes the generation before reading, and finds it
+    /// unchanged later, read nothing older than what it would read now. Another process cannot
+    /// write the store while this one holds it (sled's lock), so the count is complete.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
     /// Writes everything buffered to disk (every `put` already does).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
@@ -373,6 +387,7 @@ impl Store {
         let bytes = serde_json::to_vec(value).expect("store records serialise");
         let _one_writer = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         self.db.open_tree(tree)?.insert(key, bytes.as_slice())?;
+        self.generation.fetch_add(1, Ordering::Release);
         self.db.flush()?;
         self.mirror_put(tree, key, &bytes);
         Ok(())
@@ -395,6 +410,7 @@ impl Store {
         self.writable()?;
         let _one_writer = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         self.db.open_tree(tree)?.remove(key)?;
+        self.generation.fetch_add(1, Ordering::Release);
         self.db.flush()?;
         self.mirror_remove(tree, key);
         Ok(())
@@ -451,6 +467,25 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_write_through_any_clone_moves_the_generation_and_reads_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Store::open(dir.path()).unwrap();
+        let b = a.clone();
+        let g0 = a.generation();
+        a.put("studies", "x", &1).unwrap();
+        assert_eq!(b.generation(), g0 + 1);
+        let _: Option<i32> = b.get("studies", "x").unwrap();
+        let _: Vec<(String, i32)> = b.scan("studies", "").unwrap();
+        assert_eq!(a.generation(), g0 + 1);
+        b.remove("studies", "x").unwrap();
+        assert_eq!(a.generation(), g0 + 2);
+        // A refused write (a read-only view) changes nothing.
+        let r = Store { mirror: None, ..a.clone() };
+        assert!(r.put("studies", "y", &2).is_err());
+        assert_eq!(a.generation(), g0 + 2);
+    }
 
     #[test]
     fn records_survive_reopening_and_a_newer_schema_is_refused() {
