@@ -3,15 +3,13 @@
 //! queue, runs it to the end (or until it is paused, cancelled or the daemon stops), records
 //! the outcome in the queue and writes the report under `<state>/reports/`.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use super::queue::{Job, JobState};
 use super::{scheduler, Backend, Current, Daemon, DaemonError, Intent};
-use crate::tune::opt;
-use crate::tune::records::{Records, StudyRecord, TrialKind, WarmStart};
+use crate::tune::records::StudyRecord;
 use crate::tune::spec::Study;
 use crate::tune::TuneError;
 use crate::util::unix_now;
@@ -167,7 +165,13 @@ async fn execute<B: Backend>(
     runner.trigger = job.trigger.clone();
     runner.cancel = cancel;
     if job.warm {
-        runner.warm = warm_start(d.records(), &job.name, &job.study, d.cfg.warm_top)?;
+        runner.warm = crate::tune::warm::from_store(
+            d.records(),
+            &job.name,
+            &job.study,
+            &runner.space,
+            d.cfg.warm_top,
+        )?;
         if !runner.warm.is_empty() {
             tracing::info!(
                 "study {}: warm start from {} earlier configurations",
@@ -191,61 +195,6 @@ async fn execute<B: Backend>(
         }
     });
     runner.run().await
-}
-
-/// The configurations a re-tune of `name` measures first: the latest finished study of that
-/// name (other than `except`), its recommendation and its `top` best search trials.
-pub fn warm_start(
-    records: &Records,
-    name: &str,
-    except: &str,
-    top: usize,
-) -> Result<Vec<WarmStart>, TuneError> {
-    let prev = records.latest_finished(name, except)?;
-    let Some(prev) = prev else {
-        return Ok(Vec::new());
-    };
-    if top == 0 {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    let mut seen = HashSet::new();
-    if let Some(o) = &prev.outcome {
-        if let (Some(cfg), Some(n)) = (&o.recommended_config, o.recommended) {
-            seen.insert(opt::key(cfg));
-            out.push(WarmStart {
-                config: cfg.clone(),
-                from: format!("study {} #{n}, recommended", prev.id),
-            });
-        }
-    }
-    let mut search: Vec<_> = records
-        .trials(&prev.id)?
-        .into_iter()
-        .filter(|t| t.kind == TrialKind::Search && t.objective.is_some())
-        .collect();
-    search.sort_by(|a, b| {
-        b.objective
-            .unwrap_or(0.0)
-            .total_cmp(&a.objective.unwrap_or(0.0))
-    });
-    for t in search {
-        if out.len() >= top {
-            break;
-        }
-        if seen.insert(opt::key(&t.config)) {
-            out.push(WarmStart {
-                config: t.config,
-                from: format!(
-                    "study {} #{} ({:.1})",
-                    prev.id,
-                    t.seq,
-                    t.objective.unwrap_or(0.0)
-                ),
-            });
-        }
-    }
-    Ok(out)
 }
 
 fn write_reports<B: Backend>(d: &Daemon<B>, rec: &StudyRecord) {

@@ -15,6 +15,7 @@ use crate::bench::abort::LatencyLimit;
 use crate::space::{Config, Space};
 use crate::tune::eval::RunSpec;
 use crate::tune::opt::{self, key, Algorithm, Obs};
+use crate::tune::warm::{self, Earlier};
 
 use super::evaluator::{SimEvaluator, SimWorkload};
 use super::profile::Machine;
@@ -175,33 +176,28 @@ impl<'a> Oracle<'a> {
             abort: false,
             seed_offset: 0,
         };
+        let debug = std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some();
         match e.start_now(cfg).and_then(|_| e.run_now(&spec)) {
-            Ok(m)
-                if std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some() && {
+            Ok(m) => {
+                let violation = m.violation(0.99, &l.limits);
+                if debug {
+                    let ms = |k: &str| m.latencies_ms.get(k).copied().unwrap_or(f64::NAN);
                     eprintln!(
-                        "{cfg:?}: {:.0} tok/s tpot {:.1} ttft {:.0} {:?}",
+                        "{cfg:?}: {:.0} tok/s tpot {:.1} ttft {:.0} {violation:?}",
                         m.total_token_throughput,
-                        m.latencies_ms["tpot:mean"],
-                        m.latencies_ms["ttft:mean"],
-                        m.violation(0.99, &l.limits)
+                        ms("tpot:mean"),
+                        ms("ttft:mean"),
                     );
-                    false
-                } =>
-            {
-                unreachable!()
+                }
+                Obs {
+                    config: cfg.clone(),
+                    value: violation.is_none().then_some(m.total_token_throughput),
+                    failed: false,
+                    measured: Some(m.total_token_throughput),
+                }
             }
-            Ok(m) => Obs {
-                config: cfg.clone(),
-                value: if m.violation(0.99, &l.limits).is_none() {
-                    Some(m.total_token_throughput)
-                } else {
-                    None
-                },
-                failed: false,
-                measured: Some(m.total_token_throughput),
-            },
             Err(e) => {
-                if std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some() {
+                if debug {
                     eprintln!("{cfg:?}: {e:?}");
                 }
                 Obs {
@@ -386,13 +382,34 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
                     &mut truths_before,
                     Vec::new(),
                 );
-                let mut ranked: Vec<&Obs> = hist.iter().filter(|o| o.value.is_some()).collect();
-                ranked.sort_by(|a, b| b.value.unwrap_or(0.0).total_cmp(&a.value.unwrap_or(0.0)));
-                let warm: Vec<(Config, String)> = ranked
+                // The daemon's policy (`tune::warm`) over what that study left: its
+                // recommendation (here the best feasible trial: validation is not simulated)
+                // and its search trials (the baselines excluded, as the daemon does).
+                let baselines = before.space.baselines();
+                let search: Vec<Earlier> = hist
                     .iter()
-                    .take(top)
-                    .filter_map(|o| Some((after.space.carry_over(&o.config)?, "before".into())))
+                    .enumerate()
+                    .filter(|(_, o)| !baselines.contains(&o.config))
+                    .map(|(i, o)| Earlier {
+                        config: o.config.clone(),
+                        objective: o.value,
+                        from: format!("before #{i}"),
+                    })
                     .collect();
+                let recommended = search
+                    .iter()
+                    .filter(|e| e.objective.is_some())
+                    .max_by(|a, b| {
+                        a.objective
+                            .unwrap_or(0.0)
+                            .total_cmp(&b.objective.unwrap_or(0.0))
+                    })
+                    .cloned();
+                let warm: Vec<(Config, String)> =
+                    warm::select(&after.space, recommended, search, top)
+                        .into_iter()
+                        .map(|w| (w.config, w.from))
+                        .collect();
                 let s2 = seed + 1000;
                 cold_runs
                     .push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, Vec::new()).0);

@@ -482,7 +482,10 @@ mod tests {
         b.remove("studies", "x").unwrap();
         assert_eq!(a.generation(), g0 + 2);
         // A refused write (a read-only view) changes nothing.
-        let r = Store { mirror: None, ..a.clone() };
+        let r = Store {
+            mirror: None,
+            ..a.clone()
+        };
         assert!(r.put("studies", "y", &2).is_err());
         assert_eq!(a.generation(), g0 + 2);
     }

@@ -4,6 +4,7 @@
 //! the mock's `evaluator` does it in virtual time), the recommendation gate (`decide`) and its
 //! statistics (`significance`). The `tune|trials|best` commands are the top-level `cli`.
 
+pub mod best;
 pub mod decide;
 pub mod encode;
 pub mod eval;
@@ -12,6 +13,7 @@ pub mod records;
 pub mod significance;
 pub mod spec;
 pub mod study;
+pub mod warm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -25,8 +25,15 @@ fn std_normal() -> statrs::distribution::Normal {
 }
 
 /// Student's t distribution function at `t` with `df` degrees of freedom (the normal one for
-/// infinite or enormous `df`).
+/// infinite or enormous `df`); NaN at a NaN `t` (statrs 0.18 panics there, in its incomplete
+/// beta function).
 pub fn t_cdf(t: f64, df: f64) -> f64 {
+    if t.is_nan() {
+        return f64::NAN;
+    }
+    if t.is_infinite() {
+        return if t > 0.0 { 1.0 } else { 0.0 };
+    }
     match statrs::distribution::StudentsT::new(0.0, 1.0, df.max(1e-3)) {
         Ok(d) if df.is_finite() && df < 1e7 => d.cdf(t),
         _ => cdf(t),
@@ -207,6 +214,17 @@ mod tests {
         assert!((t95(1e9) - 1.959_964).abs() < 1e-5);
         assert!((t_cdf(4.302_653, 2.0) - 0.975).abs() < 1e-6);
         assert!((normal_quantile(0.99) - 2.326_348).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_non_finite_measurement_gives_an_unknown_p_value_not_a_panic() {
+        let d = welch(&[f64::NAN, 1.0], &[1.0, 2.0]);
+        assert!(d.p_gain.is_nan() && d.mean_a.is_nan());
+        let d = welch(&[f64::INFINITY, 1.0], &[1.0, 2.0]);
+        assert!(!d.significant_gain());
+        assert!(t_cdf(f64::NAN, 3.0).is_nan());
+        assert_eq!(t_cdf(f64::INFINITY, 3.0), 1.0);
+        assert_eq!(t_cdf(f64::NEG_INFINITY, 3.0), 0.0);
     }
 
     #[test]

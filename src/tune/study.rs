@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::best;
 use super::decide::{self, Decision, Pending};
 use super::eval::{Evaluator, Measurement, RunSpec, TrialFailure};
 use super::opt::{self, Obs, Optimizer};
 use super::records::{
-    BestRecord, Outcome, Phase, Records, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus,
-    WarmStart,
+    Outcome, Phase, Records, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus, WarmStart,
 };
 use super::spec::{ObjectiveMetric, Study};
 use super::TuneError;
@@ -47,7 +47,8 @@ pub struct Runner<E: Evaluator> {
     pub progress: Progress,
     /// Cancelled to stop after tearing the current engine down; the study stays resumable.
     pub cancel: CancellationToken,
-    /// A new study's warm start (stored with the study record when it is created).
+    /// A new study's warm start, already fitted to `space` (`tune::warm`); stored with the
+    /// study record when it is created.
     pub warm: Vec<WarmStart>,
     optimizer: Box<dyn Optimizer + Send>,
 }
@@ -112,16 +113,7 @@ impl<E: Evaluator> Runner<E> {
             best_trial: None,
             best_objective: None,
             outcome: None,
-            warm_start: self
-                .warm
-                .iter()
-                .filter_map(|w| {
-                    Some(WarmStart {
-                        config: self.space.carry_over(&w.config)?,
-                        from: w.from.clone(),
-                    })
-                })
-                .collect(),
+            warm_start: self.warm.clone(),
             log_params: self
                 .space
                 .params
@@ -1254,63 +1246,25 @@ impl<E: Evaluator> Runner<E> {
         };
         // The best known configuration for this node and workload: what the gate recommends,
         // else the defaults, unless an earlier study proved a configuration better than them
-        // (a re-tune that finds nothing significant keeps that one).
-        let chosen = recommended_trial.clone().unwrap_or(base.clone());
-        for name in names.iter().take(1) {
-            let engine = chosen.engine.clone().unwrap_or_default();
-            let version = chosen.engine_version.clone();
-            let key = format!(
-                "{}|{}|{}@{}|{}",
-                self.study.model,
-                rec.hardware,
-                engine,
-                version.as_deref().unwrap_or("?"),
-                name
+        // (`best::keep_or_write`).
+        let chosen = recommended_trial.as_ref().unwrap_or(base);
+        if let Some(workload) = names.first() {
+            let b = best::proposed(
+                &self.study.model,
+                &rec.hardware,
+                &rec.id,
+                workload,
+                &outcome,
+                chosen,
+                unix_now(),
             );
-            let improved = recommended_trial.is_some();
-            if !improved {
-                if let Some(prev) = self.records.best(&key)? {
-                    if prev.improved {
-                        let msg = format!(
-                            "the best record stays the proven one (study {}, trial #{})",
-                            prev.study, prev.trial
-                        );
-                        self.say(&msg);
-                        continue;
-                    }
-                }
+            if let Some(prev) = best::keep_or_write(&self.records, &b)? {
+                let msg = format!(
+                    "the best record stays the proven one (study {}, trial #{})",
+                    prev.study, prev.trial
+                );
+                self.say(&msg);
             }
-            let objective = if improved {
-                outcome
-                    .comparisons
-                    .iter()
-                    .find(|c| Some(c.candidate) == outcome.recommended)
-                    .and_then(|c| c.diff.as_ref().map(|d| d.mean_a))
-                    .or(chosen.objective)
-            } else {
-                outcome
-                    .comparisons
-                    .first()
-                    .and_then(|c| c.diff.as_ref().map(|d| d.mean_b))
-                    .filter(|v| v.is_finite() && *v > 0.0)
-                    .or(chosen.objective)
-            };
-            self.records.put_best(&BestRecord {
-                key: key.clone(),
-                model: self.study.model.clone(),
-                hardware: rec.hardware.clone(),
-                engine,
-                engine_version: version,
-                workload: name.clone(),
-                study: rec.id.clone(),
-                trial: chosen.seq,
-                config: chosen.config.clone(),
-                command: chosen.command.as_ref().map(CommandLine::serving),
-                objective,
-                metric: self.metric().label().into(),
-                improved,
-                at: unix_now(),
-            })?;
         }
         if outcome.saved_s > 0.0 {
             let line = format!(
