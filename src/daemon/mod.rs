@@ -14,6 +14,7 @@ pub mod catalog;
 pub mod client;
 pub mod config;
 pub mod cron;
+pub mod memory;
 pub mod notify;
 pub mod page;
 pub mod queue;
@@ -153,6 +154,8 @@ pub struct Daemon<B: Backend> {
     /// The tuner's records (studies, trials, best, summaries) in `store`.
     records: Records,
     pub queue: Queue,
+    /// The scheduler's next nightly time and last probes, in the store.
+    pub memory: memory::SchedulerMemory,
     /// The views' reading of the store, rebuilt after a write (`catalog`).
     catalog: catalog::CatalogCache,
     pub backend: B,
@@ -189,6 +192,7 @@ impl<B: Backend> Daemon<B> {
             queue: Queue::new(store.clone()),
             records: Records::new(store.clone()),
             catalog: Default::default(),
+            memory: memory::SchedulerMemory::new(store.clone()),
             cfg,
             store,
             backend,

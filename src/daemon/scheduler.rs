@@ -1,16 +1,14 @@
 //! What enqueues studies without a request: the first tuning of a kept study, the nightly
 //! re-tune on the cron schedule, and a re-tune when a probe sees another engine version, GPU
 //! or driver. The time comes from a `Clock` (tests inject one); the next nightly time and the
-//! last probe of each study are in the store (tree `daemon`), so a restart neither fires twice
+//! last probe of each study are in the store (`memory`), so a restart neither fires twice
 //! nor misses an upgrade that happened while the daemon was down, and a nightly time the
 //! daemon slept through fires once when it comes back.
 
 use std::sync::{Arc, Mutex};
 
+use super::memory::NightlyPlan;
 use super::{Backend, Daemon, DaemonError, Probe};
-
-pub const DAEMON: &str = "daemon";
-const NIGHTLY_NEXT: &str = "nightly_next";
 
 /// Where the scheduler reads the time.
 pub trait Clock: Send + Sync {
@@ -45,25 +43,14 @@ impl Clock for ManualClock {
     }
 }
 
-/// The next nightly time, for the schedule it was computed from.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct NightlyPlan {
-    schedule: String,
-    next: Option<i64>,
-}
-
 fn save_plan<B: Backend>(d: &Daemon<B>, schedule: &str, next: Option<i64>) {
     let plan = NightlyPlan {
         schedule: schedule.to_owned(),
         next,
     };
-    if let Err(e) = d.store.put(DAEMON, NIGHTLY_NEXT, &plan) {
+    if let Err(e) = d.memory.put_nightly(&plan) {
         tracing::error!("scheduler: {e}");
     }
-}
-
-fn probe_key(name: &str) -> String {
-    format!("probe/{name}")
 }
 
 /// The scheduler loop (on the worker thread); returns when the daemon stops.
@@ -74,7 +61,13 @@ pub async fn run<B: Backend>(d: &Arc<Daemon<B>>) {
     // The stored plan counts only for the same schedule (expression and zone): a changed one
     // starts afresh.
     let expr = d.cfg.schedule.key();
-    let stored: Option<NightlyPlan> = d.store.get(DAEMON, NIGHTLY_NEXT).ok().flatten();
+    let stored = match d.memory.nightly() {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("scheduler: the stored nightly plan: {e}; computing it afresh");
+            None
+        }
+    };
     let mut next_nightly = match stored {
         Some(p) if p.schedule == expr => p.next,
         _ => {
@@ -204,8 +197,7 @@ async fn probe_all<B: Backend>(d: &Arc<Daemon<B>>) {
                 continue;
             }
         };
-        let key = probe_key(name);
-        let old: Option<Probe> = match d.store.get(DAEMON, &key) {
+        let old = match d.memory.probe(name) {
             Ok(o) => o,
             Err(e) => {
                 tracing::error!("probe of study {name}: {e}");
@@ -248,7 +240,7 @@ async fn probe_all<B: Backend>(d: &Arc<Daemon<B>>) {
                 continue;
             }
         }
-        if let Err(e) = d.store.put(DAEMON, &key, &probe) {
+        if let Err(e) = d.memory.put_probe(name, &probe) {
             tracing::error!("probe of study {name}: {e}");
         }
     }
