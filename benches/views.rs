@@ -4,8 +4,10 @@
 //! write, then shared by every request until the next. Prints a table; run with
 //! `cargo bench --bench views`.
 //!
-//! Each study has 12 trials whose screen and full measurements carry a summary block of 60
-//! figures, as real runs store the vLLM result block. Timings in ms are the median of 5
+//! Each study is a finished daemon run (a queue entry and a record holding a real study file,
+//! ten study names re-tuned nightly) with 12 trials whose screen and full measurements carry
+//! a summary block of 60 figures, as real runs store the vLLM result block. The records carry
+//! no outcome (a real finished one adds its comparisons and checks, some KB, to each decode). Timings in ms are the median of 5
 //! repetitions, in µs the mean of 10,000, in one run, so the ratios between rows are what to
 //! read; the machine's noise moves the absolute numbers.
 
@@ -13,12 +15,13 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use servetune::daemon::catalog::{Catalog, CatalogCache};
-use servetune::daemon::queue::Queue;
+use servetune::daemon::queue::{JobState, Queue};
 use servetune::store::Store;
 use servetune::tune::eval::Measurement;
 use servetune::tune::records::{
     Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus, TRIALS,
 };
+use servetune::tune::spec::Study;
 
 const TRIALS_PER_STUDY: u32 = 12;
 
@@ -72,13 +75,36 @@ fn trial(study: &str, seq: u32, m: &Measurement) -> TrialRecord {
     t
 }
 
-fn study(id: &str) -> StudyRecord {
+/// A study file as the daemon keeps them: one of ten study names, re-tuned nightly.
+fn spec_text(i: usize) -> String {
+    format!(
+        r#"[study]
+name = "study-{}"
+model = "meta-llama/Llama-3.1-8B-Instruct"
+engines = "vllm"
+optimizer = "tpe"
+seed = {i}
+params = ["max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill"]
+
+[constraints]
+min_success_rate = 0.99
+slo = ["tpot:mean:18", "ttft:p99:2000"]
+
+[budget]
+trials = 12
+
+[[workload]]
+name = "sharegpt"
+args = ["--dataset-name", "random", "--num-prompts", "200", "--tokenizer", "words"]
+"#,
+        i % 10
+    )
+}
+
+fn study(id: &str, spec_text: String) -> StudyRecord {
     StudyRecord {
         id: id.into(),
-        spec_text: format!(
-            "[study]\nname = \"{}\"\nmodel = \"m\"\n",
-            &id[..id.len().min(8)]
-        ),
+        spec_text,
         created: 1000.0,
         updated: 2000.0,
         phase: Phase::Done,
@@ -125,9 +151,23 @@ fn main() {
         let store = Store::open(dir.path()).expect("a store");
         let records = Records::new(store.clone());
         let queue = Queue::new(store.clone());
+        let spaces = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("search-spaces");
         for i in 0..n {
-            let id = format!("study-{i:05}");
-            records.put_study(&study(&id)).expect("put");
+            // Each study is a daemon run: its queue entry (done), its record, its trials.
+            let text = spec_text(i);
+            let file = std::path::PathBuf::from("bench.toml");
+            let parsed = Study::parse_in(&text, &file, Some(&spaces)).expect("a valid study");
+            let job = queue
+                .enqueue(&parsed, file, "nightly", true, 1.8e9 + 86_400.0 * i as f64)
+                .expect("enqueue");
+            queue
+                .update(&job.study, |j| {
+                    j.state = JobState::Done;
+                    Ok(())
+                })
+                .expect("update");
+            let id = job.study;
+            records.put_study(&study(&id, text)).expect("put");
             for seq in 0..TRIALS_PER_STUDY {
                 // Straight into the tree: the summaries are written once below (the daemon's
                 // start-up backfill), which keeps building 12,000 records quick.
@@ -170,6 +210,7 @@ fn main() {
         let build = median_ms(|| {
             let c = Catalog::build(store.generation(), &queue, &records).expect("catalog");
             assert_eq!(c.studies.len(), n);
+            assert_eq!(c.jobs.len(), n);
             assert_eq!(c.totals.trials, n * TRIALS_PER_STUDY as usize);
         });
         // ... and every request until the next write shares it: the list's bytes and the

@@ -120,7 +120,8 @@ enum Command {
         /// warm-started from the study before the change.
         #[arg(long)]
         warm: bool,
-        /// How many top trials of the earlier study a warm start measures.
+        /// How many configurations of the earlier study a warm start measures (the daemon's
+        /// `warm_top`).
         #[arg(long, default_value_t = 3)]
         warm_top: usize,
     },

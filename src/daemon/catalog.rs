@@ -1,12 +1,15 @@
-//! The store-derived part of the daemon's views: the list of studies (and its JSON), the queue,
-//! job counts by state, trial totals and the latest best of each study name. Building it reads
-//! every study record, its summary and every queue entry; it is built once per store
-//! generation (`Store::generation`, bumped by every write) and shared until the next write, so
-//! the status page's polling, `/v1/studies` and `/metrics` cost the same after 1,000 studies
-//! as after one (`cargo bench --bench views`). The daemon is the store's only writer while it
-//! runs (sled's lock), so no write can go unseen.
+//! The store-derived part of the daemon's views: the list of studies (and its JSON), each
+//! study's queue entry, the waiting queue, job counts by state, trial totals and the latest
+//! best of each study name. Building it reads every study record, its summary and every queue
+//! entry; it is built once per store generation (`Store::generation`, bumped by every write)
+//! and shared until the next write, so the status page and its polling, `/v1/studies`, a
+//! study's view and `/metrics` do not grow with the number of stored studies
+//! (`cargo bench --bench views`). The daemon is the store's only writer while it runs (sled's
+//! lock), so no write can go unseen. The trees are read one after the other, not in one
+//! snapshot: a write during a build can give that build a mixed view, and moves the generation,
+//! so the next request rebuilds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::queue::{Job, JobState, Queue};
@@ -25,11 +28,13 @@ pub struct LatestBest {
     pub objective: f64,
 }
 
-/// One consistent reading of the store, for the views.
+/// The views' reading of the store at one generation.
 #[derive(Debug)]
 pub struct Catalog {
     /// The store generation it was built at.
     pub generation: u64,
+    /// Each daemon run's queue entry by study id (without its study file's text).
+    pub jobs: HashMap<String, Job>,
     /// Every study: the daemon's runs in queue order, then studies run by `servetune tune`.
     pub studies: Vec<StudyView>,
     /// `studies` as `GET /v1/studies` answers it (cloning it shares the bytes).
@@ -107,8 +112,16 @@ impl Catalog {
             let s = summaries.get(&j.study).unwrap_or(&none);
             studies.push(view(Some(j), recs.get(&j.study), s));
         }
+        let by_id: HashMap<String, Job> = jobs
+            .iter()
+            .map(|j| {
+                let mut j = j.clone();
+                j.spec_text.clear();
+                (j.study.clone(), j)
+            })
+            .collect();
         for (id, r) in &recs {
-            if !jobs.iter().any(|j| &j.study == id) {
+            if !by_id.contains_key(id) {
                 studies.push(view(None, Some(r), &summaries[id]));
             }
         }
@@ -142,6 +155,7 @@ impl Catalog {
             .collect();
         Ok(Catalog {
             generation,
+            jobs: by_id,
             studies,
             studies_json,
             waiting,
@@ -186,6 +200,7 @@ mod tests {
     fn empty(g: u64) -> Catalog {
         Catalog {
             generation: g,
+            jobs: HashMap::new(),
             studies: vec![],
             studies_json: bytes::Bytes::from_static(b"[]"),
             waiting: vec![],
@@ -217,13 +232,19 @@ mod tests {
         gen.store(8, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(get().generation, 8);
         assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 2);
-        // A failed build leaves the last good catalog cached and reports the error.
-        gen.store(9, std::sync::atomic::Ordering::SeqCst);
+        // A failed build reports the error and leaves the last good catalog cached (a request
+        // at that catalog's generation gets it without a build) ...
         let err = cache.get(
             || 9,
             |_| Err(DaemonError::Internal("the store is gone".into())),
         );
         assert!(matches!(err, Err(DaemonError::Internal(m)) if m.contains("gone")));
+        let kept = cache
+            .get(|| 8, |_| panic!("the generation-8 catalog is still cached"))
+            .unwrap();
+        assert_eq!(kept.generation, 8);
+        // ... and the next request at the new generation builds again.
+        gen.store(9, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(get().generation, 9);
         assert_eq!(builds.load(std::sync::atomic::Ordering::SeqCst), 3);
     }

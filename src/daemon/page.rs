@@ -57,8 +57,9 @@ fn chart<B: Backend>(
 
 pub fn render<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
     let st = views::status(d)?;
-    let list = views::studies(d)?;
-    let chart = chart(d, &st, &list)?;
+    let catalog = views::studies(d)?;
+    let list = &catalog.studies;
+    let chart = chart(d, &st, list)?;
     let done = st
         .current
         .as_ref()

@@ -1,15 +1,18 @@
 //! What the API and the status page show, computed from the store (so a restarted daemon
 //! shows exactly what it showed before): the status, the studies, the best configurations for
-//! this node, and the Prometheus metrics. What lists every study or every queue entry comes
-//! from the `catalog`, read again only after the store changes; the rest reads one study.
+//! this node, and the Prometheus metrics. What spans every study or queue entry comes from the
+//! `catalog`, read again only after the store changes; the rest reads one study's records
+//! (`/v1/best` reads the best records, one per model, node, version and workload).
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::catalog::{self, Catalog};
 use super::queue::JobState;
 use super::scheduler::rfc3339;
-use super::{catalog, Backend, Daemon, DaemonError, Intent};
+use super::{Backend, Daemon, DaemonError, Intent};
 use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::space::CommandLine;
 use crate::tune::records::{
@@ -260,15 +263,15 @@ pub fn one_line_status<B: Backend>(d: &Daemon<B>) -> String {
     }
 }
 
-/// Every study: the daemon's runs in queue order, then studies run by `servetune tune`. From
-/// the catalog (no trial is loaded; nothing is read again until the store changes).
-pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Vec<StudyView>, DaemonError> {
-    Ok(d.catalog()?.studies.clone())
+/// Every study (`Catalog::studies`: the daemon's runs in queue order, then studies run by
+/// `servetune tune`), shared, not copied; nothing is read again until the store changes.
+pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Arc<Catalog>, DaemonError> {
+    d.catalog()
 }
 
 /// One study with its record (`study`), its queue entry (`job`) and its summary (`view`).
 pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::Value, DaemonError> {
-    let job = d.queue.find(id)?;
+    let job = d.catalog()?.jobs.get(id).cloned();
     let rec = d.records().study(id)?;
     if job.is_none() && rec.is_none() {
         return Err(DaemonError::NotFound(format!("no study {id:?}")));
@@ -276,13 +279,13 @@ pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::V
     let s = d.records().summary(id)?;
     Ok(serde_json::json!({
         "view": catalog::view(job.as_ref(), rec.as_ref(), &s),
-        "job": job.map(|mut j| { j.spec_text.clear(); j }),
+        "job": job,
         "study": rec.as_ref().map(StudyV1::from),
     }))
 }
 
 pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialV1>, DaemonError> {
-    if d.queue.find(id)?.is_none() && d.records().study(id)?.is_none() {
+    if !d.catalog()?.jobs.contains_key(id) && d.records().study(id)?.is_none() {
         return Err(DaemonError::NotFound(format!("no study {id:?}")));
     }
     Ok(d.records().trials(id)?.iter().map(TrialV1::from).collect())

@@ -307,8 +307,9 @@ fn trials_to(r: &[f64], optimum: f64) -> f64 {
 }
 
 /// `servetune search-bench --warm`: a re-tune after a change (an engine upgrade with the same
-/// performance, a new GPU), cold against warm-started from the top `top` trials of a study
-/// before the change. Trials count every measurement, the warm-start ones included.
+/// performance, a new GPU), cold against warm-started with what the daemon's policy
+/// (`tune::warm::select`, at most `top` configurations) takes from a study before the change.
+/// Trials count every measurement, the warm-start ones included.
 pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
     let ls = landscapes()?;
     let base = &ls[1]; // vllm 3p, H100 8B, TPOT SLO, 5% noise
@@ -384,12 +385,10 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
                 );
                 // The daemon's policy (`tune::warm`) over what that study left: its
                 // recommendation (here the best feasible trial: validation is not simulated)
-                // and its search trials (the baselines excluded, as the daemon does).
-                let baselines = before.space.baselines();
+                // and its search trials (every trial here, the baselines among them).
                 let search: Vec<Earlier> = hist
                     .iter()
                     .enumerate()
-                    .filter(|(_, o)| !baselines.contains(&o.config))
                     .map(|(i, o)| Earlier {
                         config: o.config.clone(),
                         objective: o.value,
@@ -398,7 +397,7 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
                     .collect();
                 let recommended = search
                     .iter()
-                    .filter(|e| e.objective.is_some())
+                    .filter(|e| e.objective.is_some_and(f64::is_finite))
                     .max_by(|a, b| {
                         a.objective
                             .unwrap_or(0.0)
@@ -453,7 +452,7 @@ pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
     let _ = writeln!(
         out,
         "
-({} seeds, budget {} trials, warm start = the top {top} trials of the study before the change)",
+({} seeds, budget {} trials, warm start = at most {top} configurations of the study before the change, chosen by the daemon's policy: its best, then its best feasible search trials)",
         opts.seeds, opts.budget
     );
     Ok(out)

@@ -119,6 +119,19 @@ mod tests {
     }
 
     #[test]
+    fn the_key_keeps_the_stored_format() {
+        // Stored keys from earlier versions must still be found: the format cannot drift.
+        assert_eq!(
+            key("m", "1x H100", "vllm", Some("0.10.1"), "chat"),
+            "m|1x H100|vllm@0.10.1|chat"
+        );
+        assert_eq!(
+            key("m", "cpu", "llamacpp", None, "c4"),
+            "m|cpu|llamacpp@?|c4"
+        );
+    }
+
+    #[test]
     fn a_proven_best_survives_a_retune_that_finds_nothing_and_yields_to_a_new_proof() {
         let dir = tempfile::tempdir().unwrap();
         let records = Records::new(Store::open(dir.path()).unwrap());

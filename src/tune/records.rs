@@ -1,7 +1,8 @@
 //! The tuner's records and the one layer that reads and writes them: studies, trials, best
 //! configurations, and each study's summary, in the store's `studies`, `trials`, `best` and
 //! `summaries` trees. Nothing else in the crate touches those trees (`tests/architecture.rs`
-//! checks that no `scan` is called outside the store and its typed layers).
+//! fails on a `scan` or a raw `store.get`/`put`/`remove` outside the store and its typed
+//! layers).
 //!
 //! The schema is versioned by the store (`store::SCHEMA_VERSION`); a record that changes shape
 //! keeps reading its older form (serde defaults, `space::CommandLine`'s string form), and the

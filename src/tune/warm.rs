@@ -25,7 +25,8 @@ pub struct Earlier {
 /// `space` (the engine installed now: a removed flag takes its default, a value out of a new
 /// range is clamped), a configuration equal to one already chosen or to one of `space`'s
 /// baselines dropped after the carry-over (a baseline is measured first anyway, and a repeat
-/// teaches nothing); at most `top` in all. `search` excludes the earlier study's baselines.
+/// teaches nothing); at most `top` in all. `search` is the earlier study's search trials (its
+/// baselines among them, as they are search trials too; re-measurement rounds are not).
 pub fn select(
     space: &Space,
     recommended: Option<Earlier>,
@@ -168,6 +169,109 @@ source = "test"
         let from: Vec<&str> = got.iter().map(|w| w.from.as_str()).collect();
         assert_eq!(from, ["rec", "b", "c"]);
         assert_eq!(got[0].config, cfg(128, true));
+        // With room for all, the infeasible and the NaN one still stay out.
+        let all = select(
+            &s,
+            None,
+            vec![
+                earlier(64, false, Some(90.0), "a"),
+                earlier(32, true, None, "infeasible"),
+                earlier(4, true, Some(f64::NAN), "nan"),
+            ],
+            10,
+        );
+        let from: Vec<&str> = all.iter().map(|w| w.from.as_str()).collect();
+        assert_eq!(from, ["a"]);
+    }
+
+    #[test]
+    fn from_store_reads_the_latest_finished_run_of_the_name_and_only_its_search_trials() {
+        use crate::store::Store;
+        use crate::tune::records::{Outcome, Phase, StudyRecord, TrialRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let records = Records::new(Store::open(dir.path()).unwrap());
+        let s = space();
+        let study = |id: &str, name: &str, created: f64, phase: Phase| -> StudyRecord {
+            serde_json::from_value(serde_json::json!({
+                "id": id, "spec_text": format!("[study]\nname = \"{name}\"\n"),
+                "created": created, "updated": created, "phase": phase, "stop_reason": null,
+                "trigger": "nightly", "hardware": "cpu", "engine_versions": {},
+                "dropped_flags": [], "best_trial": null, "best_objective": null, "outcome": null,
+                "warm_start": []
+            }))
+            .unwrap()
+        };
+        let trial =
+            |id: &str, seq: u32, kind: serde_json::Value, seqs: i64, objective: Option<f64>| {
+                let mut t = serde_json::json!({
+                    "study": id, "seq": seq, "config": cfg(seqs, false),
+                    "note": "", "expected_improvement": null, "status": "ok", "engine": "t",
+                    "command": null, "engine_version": null, "hardware": "cpu", "screen": null,
+                    "full": null, "screen_objective": null, "objective": objective,
+                    "promoted": true, "failure": null, "early_stop": null, "telemetry": null,
+                    "started": 0.0, "ended": 1.0, "bench_s": 1.0, "saved_s": 0.0, "attempts": 1
+                });
+                t.as_object_mut()
+                    .unwrap()
+                    .extend(kind.as_object().unwrap().clone());
+                let t: TrialRecord = serde_json::from_value(t).unwrap();
+                records.put_trial(&t).unwrap();
+            };
+        let search = || serde_json::json!({"kind": "search"});
+        let remeasure = || serde_json::json!({"kind": "remeasure", "round": 1, "candidate": 2});
+        // Nothing earlier: no warm start.
+        assert!(from_store(&records, "n", "now", &s, 3).unwrap().is_empty());
+        // An older finished run, the latest finished one, an unfinished later one, another
+        // name, and the run being started (`except`).
+        records
+            .put_study(&study("old", "n", 1.0, Phase::Done))
+            .unwrap();
+        trial("old", 1, search(), 11, Some(500.0));
+        let mut latest = study("latest", "n", 2.0, Phase::Done);
+        let mut o: Outcome = serde_json::from_value(serde_json::json!({
+            "metric": "total_token_throughput", "baseline_trial": 0, "recommended": 2,
+            "recommended_command": null, "recommended_config": cfg(40, false),
+            "comparisons": [], "verdict": "run it", "search_trials": 3,
+            "screened_only": 0, "bench_s": 1.0, "saved_s": 0.0
+        }))
+        .unwrap();
+        latest.outcome = Some(o.clone());
+        records.put_study(&latest).unwrap();
+        // The defaults (a search trial like the others) read best.
+        trial("latest", 0, search(), 256, Some(900.0));
+        trial("latest", 1, search(), 30, Some(100.0));
+        trial("latest", 2, search(), 40, Some(200.0));
+        trial("latest", 3, search(), 50, Some(150.0));
+        trial("latest", 4, remeasure(), 20, Some(990.0));
+        records
+            .put_study(&study("running", "n", 3.0, Phase::Search))
+            .unwrap();
+        trial("running", 1, search(), 60, Some(999.0));
+        records
+            .put_study(&study("other", "m", 4.0, Phase::Done))
+            .unwrap();
+        trial("other", 1, search(), 70, Some(999.0));
+        records
+            .put_study(&study("now", "n", 5.0, Phase::Done))
+            .unwrap();
+        trial("now", 1, search(), 80, Some(999.0));
+
+        let got = from_store(&records, "n", "now", &s, 3).unwrap();
+        let seqs: Vec<&Value> = got.iter().map(|w| &w.config["seqs"]).collect();
+        // The recommendation (40), then the best other search trials (50, 30); never the
+        // defaults (256, the best objective: measured first anyway), a re-measurement round
+        // (20) or another run's trials.
+        assert_eq!(seqs, [&Value::Int(40), &Value::Int(50), &Value::Int(30)]);
+        assert_eq!(got[0].from, "study latest #2, recommended");
+        // A recommendation without its configuration is not invented.
+        o.recommended_config = None;
+        latest.outcome = Some(o);
+        records.put_study(&latest).unwrap();
+        let got = from_store(&records, "n", "now", &s, 3).unwrap();
+        let seqs: Vec<&Value> = got.iter().map(|w| &w.config["seqs"]).collect();
+        assert_eq!(seqs, [&Value::Int(40), &Value::Int(50), &Value::Int(30)]);
+        assert!(got[0].from.starts_with("study latest #2 ("));
+        assert!(from_store(&records, "n", "now", &s, 0).unwrap().is_empty());
     }
 
     #[test]
