@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::api::{BestV1, StudyV1, TrialV1};
 use crate::store::Store;
 use crate::telemetry::Telemetry;
-use crate::tune::records::{BestRecord, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus};
+use crate::tune::records::{BestRecord, Records, StudyRecord, TrialRecord, TrialStatus};
 use crate::tune::spec::Study;
 use crate::tune::TuneError;
 use crate::util::say;
@@ -129,18 +129,6 @@ pub fn summary(rec: &StudyRecord) -> String {
     s
 }
 
-fn kind_label(k: &TrialKind) -> String {
-    match k {
-        TrialKind::Search => "search".into(),
-        TrialKind::Remeasure { round, candidate } => format!("ab#{candidate}/{}", round + 1),
-        TrialKind::Validate {
-            workload,
-            round,
-            candidate,
-        } => format!("val:{workload}#{candidate}/{}", round + 1),
-    }
-}
-
 /// The trials table.
 pub fn trials_table(ts: &[TrialRecord]) -> String {
     let mut s = String::new();
@@ -168,7 +156,7 @@ pub fn trials_table(ts: &[TrialRecord]) -> String {
             s,
             "{:>4}  {:<16} {:<10} {:>12} {:>12}  {details}",
             t.seq,
-            kind_label(&t.kind),
+            t.kind.label(),
             status,
             f(t.objective),
             f(t.screen_objective)

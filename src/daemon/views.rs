@@ -110,20 +110,6 @@ pub struct StudyView {
     pub error: Option<String>,
 }
 
-fn kind_label(k: &TrialKind) -> String {
-    match k {
-        TrialKind::Search => "search".into(),
-        TrialKind::Remeasure { round, candidate } => {
-            format!("re-measure #{candidate} round {}", round + 1)
-        }
-        TrialKind::Validate {
-            workload,
-            round,
-            candidate,
-        } => format!("validate #{candidate} on {workload} round {}", round + 1),
-    }
-}
-
 fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, DaemonError> {
     let (job, intent, events, (budget, wall_time_s)) = match d.current().as_ref() {
         Some(c) => (c.job.clone(), c.intent, c.events.clone(), c.budget),
@@ -142,7 +128,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
         .find(|t| t.status == TrialStatus::Running)
         .map(|t| TrialView {
             seq: t.seq,
-            kind: kind_label(&t.kind),
+            kind: t.kind.label(),
             note: t.note.clone(),
             command: t.command.as_ref().map(CommandLine::display),
             running_s: (now - t.started).max(0.0),

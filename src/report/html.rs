@@ -6,8 +6,8 @@
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::{
-    blocks, change_text, charts, comparison_cells, config_text, disturbed_lines, kind_label,
-    leader_column, mean_ci, primary_name, ReportData,
+    blocks, change_text, charts, comparison_cells, config_text, disturbed_lines, leader_column,
+    mean_ci, primary_name, ReportData,
 };
 use crate::space::CommandLine;
 use crate::tune::decide::CheckState;
@@ -216,7 +216,7 @@ fn trials(d: &ReportData) -> Markup {
             }
             @for t in &d.trials {
                 tr {
-                    td { (t.seq) } td { (kind_label(&t.kind)) }
+                    td { (t.seq) } td { (t.kind.label()) }
                     td { (format!("{:?}", t.status).to_lowercase()) }
                     td { (num(t.objective)) } td { (num(t.screen_objective)) }
                     td { code { (config_text(&t.config)) } }

@@ -708,7 +708,7 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
     );
     let _ = writeln!(o, "|---|---|---|---|---|---|");
     for t in &d.trials {
-        let kind = kind_label(&t.kind);
+        let kind = t.kind.label();
         let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             o,
@@ -816,20 +816,6 @@ fn comparison_cells(c: &Comparison) -> (String, String) {
         _ => format!("not significant{adj}"),
     };
     (value, note)
-}
-
-fn kind_label(k: &TrialKind) -> String {
-    match k {
-        TrialKind::Search => "search".to_string(),
-        TrialKind::Remeasure { round, candidate } => {
-            format!("re-measure #{candidate} r{}", round + 1)
-        }
-        TrialKind::Validate {
-            workload,
-            round,
-            candidate,
-        } => format!("{workload} #{candidate} r{}", round + 1),
-    }
 }
 
 fn primary_name(d: &ReportData) -> &str {

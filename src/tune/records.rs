@@ -149,6 +149,25 @@ pub struct Rounds {
     pub why: String,
 }
 
+impl TrialKind {
+    /// How a trial's kind is shown, in every view (the trials table, the report, the status
+    /// page and API): `search`, `re-measure #3 r2` (round 2 of candidate #3 against the
+    /// defaults), `validate #3 on chat r1`.
+    pub fn label(&self) -> String {
+        match self {
+            TrialKind::Search => "search".into(),
+            TrialKind::Remeasure { round, candidate } => {
+                format!("re-measure #{candidate} r{}", round + 1)
+            }
+            TrialKind::Validate {
+                workload,
+                round,
+                candidate,
+            } => format!("validate #{candidate} on {workload} r{}", round + 1),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     pub metric: String,
