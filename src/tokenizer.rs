@@ -224,12 +224,30 @@ impl RemoteTokenizer {
         RemoteTokenizer {
             client: reqwest::Client::builder()
                 .http1_only()
+                .pool_idle_timeout(crate::util::ENGINE_POOL_IDLE)
                 .timeout(Duration::from_secs(60))
                 .build()
                 .expect("a client without TLS always builds"),
             base_url: base_url.trim_end_matches('/').to_owned(),
             model: model.to_owned(),
             vocab: None,
+        }
+    }
+
+    /// Sends a request, once more if it failed before any answer came (the connection was
+    /// refused or closed under it): the tokenizer's calls have no side effect, so a second
+    /// attempt is safe, and it covers a server whose keep-alive is shorter than
+    /// `ENGINE_POOL_IDLE`.
+    async fn send(
+        &self,
+        request: impl Fn() -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        match request().send().await {
+            Err(e) if e.is_connect() || e.is_request() => {
+                tracing::debug!("tokenizer request failed before an answer ({e}); once more");
+                request().send().await
+            }
+            other => other,
         }
     }
 
@@ -240,10 +258,7 @@ impl RemoteTokenizer {
             message: m,
         };
         let resp = self
-            .client
-            .post(&url)
-            .json(&body)
-            .send()
+            .send(|| self.client.post(&url).json(&body))
             .await
             .map_err(|e| err(e.to_string()))?;
         let status = resp.status();
@@ -305,9 +320,7 @@ impl RemoteTokenizer {
         }
         let url = format!("{}/v1/models", self.base_url);
         let v: Value = self
-            .client
-            .get(&url)
-            .send()
+            .send(|| self.client.get(&url))
             .await
             .map_err(|e| TokenizerError::Remote {
                 url: url.clone(),

@@ -1,4 +1,5 @@
-//! Small helpers shared by several modules: time stamps (chrono), cache paths.
+//! Small helpers shared by several modules: time stamps (chrono), cache paths, how long an
+//! HTTP client keeps an idle connection to an engine.
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -77,6 +78,14 @@ pub fn unix_now() -> f64 {
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
 }
+
+/// How long an HTTP client to an engine keeps an idle pooled connection: under the 5 s after
+/// which the engines' servers close one (uvicorn's keep-alive timeout in vLLM and SGLang,
+/// cpp-httplib's in llama-server). A client that reuses a connection the server has just
+/// closed fails the request with "error sending request"; with a shorter idle time it opens a
+/// new one instead (`tests/llama_server.rs`,
+/// `the_tokenizer_survives_a_connection_the_server_closed_while_idle`).
+pub const ENGINE_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
 
 #[cfg(test)]
 mod tests {

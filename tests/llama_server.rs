@@ -142,6 +142,32 @@ async fn benchmarks_llama_server_for_real() {
     assert!(!group_alive(pgid), "llama-server left running");
 }
 
+/// CI on a clean machine failed `benchmarks_llama_server_for_real` with "error sending request
+/// for url (…/tokenize)": preparing a ShareGPT run asks the server once, then parses the
+/// dataset (seconds on a busy machine, blocking the runtime), then tokenizes through the pooled
+/// connection, which llama-server (cpp-httplib) closes after 5 idle seconds. Reproduced here
+/// by blocking the runtime past that timeout between two calls.
+#[tokio::test(flavor = "current_thread")]
+async fn the_tokenizer_survives_a_connection_the_server_closed_while_idle() {
+    let Some(p) = paths() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (server, port) = start(&p, &dir.path().join("llama-server.log")).await;
+    let t = servetune::tokenizer::RemoteTokenizer::new(&format!("http://127.0.0.1:{port}"), "");
+    let first = t.encode("Hello there, how are you?", false).await.unwrap();
+    assert!(!first.is_empty());
+    for round in 0..3 {
+        // A synchronous pause, as a dataset parse is: the pool cannot see the server's close.
+        std::thread::sleep(Duration::from_secs(7));
+        let again = t.encode("Hello there, how are you?", false).await;
+        assert_eq!(
+            again.as_ref().ok(),
+            Some(&first),
+            "round {round}: {again:?}"
+        );
+    }
+    server.terminate(Duration::from_secs(10)).unwrap();
+}
+
 /// The shipped llama.cpp search space against the real binary: its `--help` lists every flag
 /// of the space, a non-default point renders, launches through the trial launcher (readiness
 /// ladder, store record), serves, and tears down with nothing left.

@@ -179,7 +179,7 @@ pub fn http_client(max_connections_hint: usize) -> reqwest::Result<Clients> {
         reqwest::Client::builder()
             .http1_only()
             .pool_max_idle_per_host(idle)
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(crate::util::ENGINE_POOL_IDLE)
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(30))
             .build()
