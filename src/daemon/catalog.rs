@@ -9,7 +9,7 @@
 //! snapshot: a write during a build can give that build a mixed view, and moves the generation,
 //! so the next request rebuilds.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use super::queue::{Job, JobState, Queue};
@@ -17,7 +17,7 @@ use super::scheduler::rfc3339;
 use super::views::{QueueItem, StudyView};
 use super::DaemonError;
 use crate::space::CommandLine;
-use crate::tune::records::{latest_by_name, Records, StudyRecord, StudySummary};
+use crate::tune::records::{latest_by_name, Records, StudyHeading, StudyRecord, StudySummary};
 
 /// The best objective of the latest study of one name (`servetune_best_objective`).
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +52,7 @@ pub struct Catalog {
 pub(super) fn view(
     job: Option<&Job>,
     rec: Option<&StudyRecord>,
+    heading: Option<&StudyHeading>,
     summary: &StudySummary,
 ) -> StudyView {
     let id = job
@@ -63,7 +64,7 @@ pub(super) fn view(
         id,
         name: job
             .map(|j| j.name.clone())
-            .or_else(|| rec.and_then(StudyRecord::name)),
+            .or_else(|| heading.and_then(|h| h.name.clone())),
         state: job
             .map(|j| j.state.label().to_owned())
             .unwrap_or_else(|| "manual".into()),
@@ -77,7 +78,7 @@ pub(super) fn view(
         phase: rec.map(|r| r.phase),
         trials: summary.trials,
         search_trials: summary.search_trials,
-        metric: rec.and_then(StudyRecord::metric),
+        metric: heading.and_then(|h| h.metric.clone()),
         best_objective: rec.and_then(|r| r.best_objective),
         verdict: o.map(|o| o.verdict.clone()),
         recommended_command: o
@@ -106,23 +107,26 @@ impl Catalog {
             totals.merge(&s);
             summaries.insert(id.clone(), s);
         }
+        let headings: HashMap<&str, StudyHeading> = recs
+            .values()
+            .map(|r| (r.id.as_str(), r.heading()))
+            .collect();
         let none = StudySummary::default();
         let mut studies = Vec::with_capacity(jobs.len() + recs.len());
         for j in &jobs {
             let s = summaries.get(&j.study).unwrap_or(&none);
-            studies.push(view(Some(j), recs.get(&j.study), s));
+            let r = recs.get(&j.study);
+            studies.push(view(Some(j), r, headings.get(j.study.as_str()), s));
         }
-        let by_id: HashMap<String, Job> = jobs
-            .iter()
-            .map(|j| {
-                let mut j = j.clone();
-                j.spec_text.clear();
-                (j.study.clone(), j)
-            })
-            .collect();
+        let job_ids: HashSet<&str> = jobs.iter().map(|j| j.study.as_str()).collect();
         for (id, r) in &recs {
-            if !by_id.contains_key(id) {
-                studies.push(view(None, Some(r), &summaries[id]));
+            if !job_ids.contains(id.as_str()) {
+                studies.push(view(
+                    None,
+                    Some(r),
+                    headings.get(id.as_str()),
+                    &summaries[id],
+                ));
             }
         }
         let studies_json = serde_json::to_vec(&studies)
@@ -142,20 +146,30 @@ impl Catalog {
             .iter()
             .map(|st| (*st, jobs.iter().filter(|j| j.state == *st).count()))
             .collect();
-        let latest = latest_by_name(recs.into_values().collect())
+        let latest = latest_by_name(
+            recs.values()
+                .map(|r| (headings[r.id.as_str()].name.clone(), r)),
+        )
+        .into_iter()
+        .filter_map(|(name, r)| {
+            Some(LatestBest {
+                objective: r.best_objective?,
+                metric: headings[r.id.as_str()].metric.clone().unwrap_or_default(),
+                study: r.id.clone(),
+                name,
+            })
+        })
+        .collect();
+        let jobs = jobs
             .into_iter()
-            .filter_map(|(name, r)| {
-                Some(LatestBest {
-                    objective: r.best_objective?,
-                    metric: r.metric().unwrap_or_default(),
-                    study: r.id,
-                    name,
-                })
+            .map(|mut j| {
+                j.spec_text.clear();
+                (j.study.clone(), j)
             })
             .collect();
         Ok(Catalog {
             generation,
-            jobs: by_id,
+            jobs,
             studies,
             studies_json,
             waiting,

@@ -57,7 +57,7 @@ fn chart<B: Backend>(
 
 pub fn render<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
     let st = views::status(d)?;
-    let catalog = views::studies(d)?;
+    let catalog = d.catalog()?;
     let list = &catalog.studies;
     let chart = chart(d, &st, list)?;
     let done = st

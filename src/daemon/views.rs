@@ -5,11 +5,10 @@
 //! (`/v1/best` reads the best records, one per model, node, version and workload).
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::catalog::{self, Catalog};
+use super::catalog;
 use super::queue::JobState;
 use super::scheduler::rfc3339;
 use super::{Backend, Daemon, DaemonError, Intent};
@@ -249,12 +248,6 @@ pub fn one_line_status<B: Backend>(d: &Daemon<B>) -> String {
     }
 }
 
-/// Every study (`Catalog::studies`: the daemon's runs in queue order, then studies run by
-/// `servetune tune`), shared, not copied; nothing is read again until the store changes.
-pub fn studies<B: Backend>(d: &Daemon<B>) -> Result<Arc<Catalog>, DaemonError> {
-    d.catalog()
-}
-
 /// One study with its record (`study`), its queue entry (`job`) and its summary (`view`).
 pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::Value, DaemonError> {
     let job = d.catalog()?.jobs.get(id).cloned();
@@ -264,7 +257,12 @@ pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::V
     }
     let s = d.records().summary(id)?;
     Ok(serde_json::json!({
-        "view": catalog::view(job.as_ref(), rec.as_ref(), &s),
+        "view": catalog::view(
+            job.as_ref(),
+            rec.as_ref(),
+            rec.as_ref().map(StudyRecord::heading).as_ref(),
+            &s
+        ),
         "job": job,
         "study": rec.as_ref().map(StudyV1::from),
     }))
@@ -345,16 +343,11 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         s,
         "# HELP servetune_trials_total Finished engine runs (search, re-measurement, validation) by outcome.\n# TYPE servetune_trials_total counter"
     );
-    for (label, st) in [
-        ("ok", TrialStatus::Ok),
-        ("infeasible", TrialStatus::Infeasible),
-        ("failed", TrialStatus::Failed),
+    for (label, n) in [
+        ("ok", total.ok),
+        ("infeasible", total.infeasible),
+        ("failed", total.failed),
     ] {
-        let n = match st {
-            TrialStatus::Ok => total.ok,
-            TrialStatus::Infeasible => total.infeasible,
-            _ => total.failed,
-        };
         let _ = writeln!(s, "servetune_trials_total{{outcome=\"{label}\"}} {n}");
     }
     let constraint = total.infeasible;

@@ -70,7 +70,7 @@ pub fn proposed(
         command: chosen.command.as_ref().map(CommandLine::serving),
         objective: objective(
             &outcome.comparisons,
-            outcome.recommended.filter(|_| improved),
+            improved.then_some(chosen.seq),
             chosen.objective,
         ),
         metric: outcome.metric.clone(),

@@ -234,29 +234,48 @@ pub fn trial_key(study: &str, seq: u32) -> String {
     format!("{study}/{seq:06}")
 }
 
+/// What the views show of a study's stored file, read in one parse: both `None` when the text
+/// does not parse.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StudyHeading {
+    /// `[study] name`, which the study's runs share.
+    pub name: Option<String>,
+    /// `[objective] metric` (the default: total token throughput).
+    pub metric: Option<String>,
+}
+
 impl StudyRecord {
+    /// The name and objective metric of the study's file (one TOML parse: ask once, use both).
+    pub fn heading(&self) -> StudyHeading {
+        let Ok(v) = toml::from_str::<toml::Table>(&self.spec_text) else {
+            return StudyHeading::default();
+        };
+        let name = v
+            .get("study")
+            .and_then(|s| s.get("name"))
+            .and_then(|n| n.as_str())
+            .map(str::to_owned);
+        let metric = v
+            .get("objective")
+            .and_then(|o| o.get("metric"))
+            .and_then(|m| m.as_str())
+            .unwrap_or("total_token_throughput")
+            .to_owned();
+        StudyHeading {
+            name,
+            metric: Some(metric),
+        }
+    }
+
     /// The study's name (`[study] name` of its file), which its runs share.
     pub fn name(&self) -> Option<String> {
-        study_name(&self.spec_text)
+        self.heading().name
     }
 
     /// The objective metric its file names (the default: total token throughput).
     pub fn metric(&self) -> Option<String> {
-        let v: toml::Table = toml::from_str(&self.spec_text).ok()?;
-        Some(
-            v.get("objective")
-                .and_then(|o| o.get("metric"))
-                .and_then(|m| m.as_str())
-                .unwrap_or("total_token_throughput")
-                .to_owned(),
-        )
+        self.heading().metric
     }
-}
-
-/// The `[study] name` of a study file's text.
-pub fn study_name(spec_text: &str) -> Option<String> {
-    let v: toml::Table = toml::from_str(spec_text).ok()?;
-    v.get("study")?.get("name")?.as_str().map(str::to_owned)
 }
 
 /// Upper bounds of the trial-duration histogram's buckets, seconds.
@@ -368,12 +387,19 @@ impl StudySummary {
     }
 }
 
-/// The latest study of each name (finished or not), from the studies already read.
-pub fn latest_by_name(studies: Vec<StudyRecord>) -> BTreeMap<String, StudyRecord> {
-    let mut latest: BTreeMap<String, StudyRecord> = BTreeMap::new();
-    for r in studies {
-        let name = r.name().unwrap_or_else(|| r.id.clone());
-        if latest.get(&name).is_none_or(|o| o.created < r.created) {
+/// The latest study of each name (finished or not), from the studies already read with their
+/// names (`StudyRecord::name`; a study without one goes by its id).
+pub fn latest_by_name<R: std::borrow::Borrow<StudyRecord>>(
+    studies: impl IntoIterator<Item = (Option<String>, R)>,
+) -> BTreeMap<String, R> {
+    let mut latest: BTreeMap<String, R> = BTreeMap::new();
+    for (name, r) in studies {
+        let rec = r.borrow();
+        let name = name.unwrap_or_else(|| rec.id.clone());
+        if latest
+            .get(&name)
+            .is_none_or(|o| o.borrow().created < rec.created)
+        {
             latest.insert(name, r);
         }
     }
@@ -512,12 +538,20 @@ impl Records {
     }
 }
 
+/// Records for unit tests elsewhere in the tuner (`warm`, …): the fields a test does not name
+/// are neutral.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
 
-    fn trial(study: &str, seq: u32, kind: TrialKind, status: TrialStatus) -> TrialRecord {
-        serde_json::from_value(serde_json::json!({
+    /// A trial of `study`: no config, no objective (set the fields a test needs).
+    pub(crate) fn trial(
+        study: &str,
+        seq: u32,
+        kind: TrialKind,
+        status: TrialStatus,
+    ) -> TrialRecord {
+        let mut t: TrialRecord = serde_json::from_value(serde_json::json!({
             "study": study, "seq": seq, "config": {}, "note": "",
             "expected_improvement": null, "status": status, "engine": null, "command": null,
             "engine_version": null, "hardware": "", "screen": null, "full": null,
@@ -525,11 +559,39 @@ mod tests {
             "failure": null, "early_stop": null, "telemetry": null, "started": 100.0,
             "ended": if status == TrialStatus::Running { None } else { Some(100.0 + 20.0 * seq as f64) },
             "bench_s": 0.0, "saved_s": 0.0, "attempts": 1, "startup_s": 4.0,
-            "kind": match kind { TrialKind::Search => "search", _ => "remeasure" },
-            "round": 0, "candidate": 0
+            "kind": "search"
         }))
-        .unwrap()
+        .unwrap();
+        t.kind = kind;
+        t
     }
+
+    /// A study named `name` (its file holds only that), created at `created`.
+    pub(crate) fn named(id: &str, name: &str, created: f64, phase: Phase) -> StudyRecord {
+        StudyRecord {
+            id: id.into(),
+            spec_text: format!("[study]\nname = \"{name}\"\n"),
+            created,
+            updated: created,
+            phase,
+            stop_reason: None,
+            trigger: "nightly".into(),
+            hardware: String::new(),
+            engine_versions: Default::default(),
+            dropped_flags: vec![],
+            best_trial: None,
+            best_objective: None,
+            outcome: None,
+            warm_start: vec![],
+            log_params: vec![],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{named, trial};
+    use super::*;
 
     #[test]
     fn a_trial_write_keeps_its_studys_summary_current() {
@@ -607,26 +669,6 @@ mod tests {
         assert!(r.trials("b").unwrap().is_empty());
     }
 
-    fn named(id: &str, name: &str, created: f64, phase: Phase) -> StudyRecord {
-        StudyRecord {
-            id: id.into(),
-            spec_text: format!("[study]\nname = \"{name}\"\n"),
-            created,
-            updated: created,
-            phase,
-            stop_reason: None,
-            trigger: "nightly".into(),
-            hardware: String::new(),
-            engine_versions: Default::default(),
-            dropped_flags: vec![],
-            best_trial: None,
-            best_objective: None,
-            outcome: None,
-            warm_start: vec![],
-            log_params: vec![],
-        }
-    }
-
     fn study(id: &str) -> StudyRecord {
         named(id, id, 1.0, Phase::Done)
     }
@@ -647,7 +689,7 @@ mod tests {
             Some("n-1".into())
         );
         assert_eq!(id(r.latest_finished("x", "").unwrap()), None);
-        let latest = latest_by_name(r.studies().unwrap());
+        let latest = latest_by_name(r.studies().unwrap().into_iter().map(|s| (s.name(), s)));
         assert_eq!(latest["n"].id, "n-3");
         assert_eq!(latest["m"].id, "m-1");
     }

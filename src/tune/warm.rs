@@ -187,47 +187,32 @@ source = "test"
     #[test]
     fn from_store_reads_the_latest_finished_run_of_the_name_and_only_its_search_trials() {
         use crate::store::Store;
-        use crate::tune::records::{Outcome, Phase, StudyRecord, TrialRecord};
+        use crate::tune::records::fixtures::{named, trial};
+        use crate::tune::records::{Outcome, Phase, TrialStatus};
         let dir = tempfile::tempdir().unwrap();
         let records = Records::new(Store::open(dir.path()).unwrap());
         let s = space();
-        let study = |id: &str, name: &str, created: f64, phase: Phase| -> StudyRecord {
-            serde_json::from_value(serde_json::json!({
-                "id": id, "spec_text": format!("[study]\nname = \"{name}\"\n"),
-                "created": created, "updated": created, "phase": phase, "stop_reason": null,
-                "trigger": "nightly", "hardware": "cpu", "engine_versions": {},
-                "dropped_flags": [], "best_trial": null, "best_objective": null, "outcome": null,
-                "warm_start": []
-            }))
-            .unwrap()
+        let study = |id: &str, name: &str, created: f64, phase: Phase| {
+            records.put_study(&named(id, name, created, phase)).unwrap()
         };
-        let trial =
-            |id: &str, seq: u32, kind: serde_json::Value, seqs: i64, objective: Option<f64>| {
-                let mut t = serde_json::json!({
-                    "study": id, "seq": seq, "config": cfg(seqs, false),
-                    "note": "", "expected_improvement": null, "status": "ok", "engine": "t",
-                    "command": null, "engine_version": null, "hardware": "cpu", "screen": null,
-                    "full": null, "screen_objective": null, "objective": objective,
-                    "promoted": true, "failure": null, "early_stop": null, "telemetry": null,
-                    "started": 0.0, "ended": 1.0, "bench_s": 1.0, "saved_s": 0.0, "attempts": 1
-                });
-                t.as_object_mut()
-                    .unwrap()
-                    .extend(kind.as_object().unwrap().clone());
-                let t: TrialRecord = serde_json::from_value(t).unwrap();
-                records.put_trial(&t).unwrap();
-            };
-        let search = || serde_json::json!({"kind": "search"});
-        let remeasure = || serde_json::json!({"kind": "remeasure", "round": 1, "candidate": 2});
+        let put = |id: &str, seq: u32, kind: TrialKind, seqs: i64, objective: Option<f64>| {
+            let mut t = trial(id, seq, kind, TrialStatus::Ok);
+            t.config = cfg(seqs, false);
+            t.objective = objective;
+            records.put_trial(&t).unwrap();
+        };
+        let search = || TrialKind::Search;
+        let remeasure = || TrialKind::Remeasure {
+            round: 1,
+            candidate: 2,
+        };
         // Nothing earlier: no warm start.
         assert!(from_store(&records, "n", "now", &s, 3).unwrap().is_empty());
         // An older finished run, the latest finished one, an unfinished later one, another
         // name, and the run being started (`except`).
-        records
-            .put_study(&study("old", "n", 1.0, Phase::Done))
-            .unwrap();
-        trial("old", 1, search(), 11, Some(500.0));
-        let mut latest = study("latest", "n", 2.0, Phase::Done);
+        study("old", "n", 1.0, Phase::Done);
+        put("old", 1, search(), 11, Some(500.0));
+        let mut latest = named("latest", "n", 2.0, Phase::Done);
         let mut o: Outcome = serde_json::from_value(serde_json::json!({
             "metric": "total_token_throughput", "baseline_trial": 0, "recommended": 2,
             "recommended_command": null, "recommended_config": cfg(40, false),
@@ -238,23 +223,17 @@ source = "test"
         latest.outcome = Some(o.clone());
         records.put_study(&latest).unwrap();
         // The defaults (a search trial like the others) read best.
-        trial("latest", 0, search(), 256, Some(900.0));
-        trial("latest", 1, search(), 30, Some(100.0));
-        trial("latest", 2, search(), 40, Some(200.0));
-        trial("latest", 3, search(), 50, Some(150.0));
-        trial("latest", 4, remeasure(), 20, Some(990.0));
-        records
-            .put_study(&study("running", "n", 3.0, Phase::Search))
-            .unwrap();
-        trial("running", 1, search(), 60, Some(999.0));
-        records
-            .put_study(&study("other", "m", 4.0, Phase::Done))
-            .unwrap();
-        trial("other", 1, search(), 70, Some(999.0));
-        records
-            .put_study(&study("now", "n", 5.0, Phase::Done))
-            .unwrap();
-        trial("now", 1, search(), 80, Some(999.0));
+        put("latest", 0, search(), 256, Some(900.0));
+        put("latest", 1, search(), 30, Some(100.0));
+        put("latest", 2, search(), 40, Some(200.0));
+        put("latest", 3, search(), 50, Some(150.0));
+        put("latest", 4, remeasure(), 20, Some(990.0));
+        study("running", "n", 3.0, Phase::Search);
+        put("running", 1, search(), 60, Some(999.0));
+        study("other", "m", 4.0, Phase::Done);
+        put("other", 1, search(), 70, Some(999.0));
+        study("now", "n", 5.0, Phase::Done);
+        put("now", 1, search(), 80, Some(999.0));
 
         let got = from_store(&records, "n", "now", &s, 3).unwrap();
         let seqs: Vec<&Value> = got.iter().map(|w| &w.config["seqs"]).collect();
