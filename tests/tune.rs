@@ -278,7 +278,7 @@ fn every_optimiser_name_parses_in_a_study() {
     for k in Algorithm::ALL {
         let text = study_text("names", k.name(), "");
         let s = Study::parse(&text, Path::new("x.toml")).unwrap();
-        assert_eq!(s.spec.study.optimizer, k);
+        assert_eq!(s.spec.study.optimizer, Some(k));
     }
 }
 
@@ -945,4 +945,46 @@ fn vllm_setup_aliases_resolve_to_the_installed_paths() {
     let p = servetune::setup::VllmPaths::default_paths();
     assert_eq!(s.spec.binaries["vllm"], vec![p.vllm.display().to_string()]);
     assert_eq!(s.model, p.model.display().to_string());
+}
+
+#[test]
+fn a_guard_that_cannot_be_decided_at_the_workloads_size_is_said_at_the_start() {
+    // 400 prompts: 4 beyond the 99th percentile per round (< 5), 40 beyond the 90th.
+    let text = study_text(
+        "guards",
+        "gp",
+        "[validation]\nguards = [\"ttft:p99\", \"ttft:p90\", \"tpot:mean\"]",
+    );
+    let s = Study::parse(&text, Path::new("x.toml")).unwrap();
+    let said: Vec<&String> = s
+        .warnings
+        .iter()
+        .filter(|w| w.contains("cannot be decided"))
+        .collect();
+    assert_eq!(said.len(), 1, "{:?}", s.warnings);
+    assert!(
+        said[0].contains("validation.guards[0]")
+            && said[0].contains("\"ttft:p99\"")
+            && said[0].contains("at least 500"),
+        "{}",
+        said[0]
+    );
+}
+
+#[test]
+fn a_study_without_an_optimiser_gets_the_benchmarks_choice_for_its_dimension() {
+    let text = study_text("auto", "gp", "").replace("optimizer = \"gp\"\n", "");
+    let s = Study::parse(&text, Path::new("x.toml")).unwrap();
+    assert_eq!(s.spec.study.optimizer, None);
+    let space = servetune::space::Space::load(&spaces_dir().join("vllm.toml")).unwrap();
+    let (small, _) = space.without(
+        &space
+            .params
+            .iter()
+            .skip(3)
+            .map(|p| p.name.clone())
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(servetune::tune::opt::default_for(&small), Algorithm::Gp);
+    assert_eq!(servetune::tune::opt::default_for(&space), Algorithm::Tpe);
 }

@@ -12,9 +12,10 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use crate::bench::abort::LatencyLimit;
-use crate::space::{Config, Space};
+use crate::space::{Config, Kind, Space, Value};
 use crate::tune::eval::RunSpec;
-use crate::tune::opt::{self, key, Algorithm, Obs};
+use crate::tune::opt::{self, key, Algorithm, Obs, Plan};
+use crate::tune::prior::{self, Shape};
 use crate::tune::warm::{self, Earlier};
 
 use super::evaluator::{SimEvaluator, SimWorkload};
@@ -29,6 +30,59 @@ pub struct Landscape {
     pub workload: SimWorkload,
     pub limits: Vec<LatencyLimit>,
     pub noise: f64,
+}
+
+impl Landscape {
+    /// What the workload offers, as a study would read it from its flags.
+    fn shape(&self) -> Shape {
+        let w = &self.workload;
+        Shape {
+            concurrency: match w.max_concurrency {
+                Some(c) => Some(c.min(w.num_prompts) as f64),
+                None if w.request_rate.is_infinite() => Some(w.num_prompts as f64),
+                None => None,
+            },
+            prompt_tokens: (w.input_len + w.prefix_len) as f64,
+            output_tokens: w.output_len as f64,
+        }
+    }
+
+    /// The plan a study of `budget` trials on this landscape gets: its workload's priors.
+    pub fn plan(&self, budget: usize) -> Plan {
+        Plan {
+            budget,
+            priors: prior::resolve(&self.space, &[self.shape()]).0,
+        }
+    }
+}
+
+/// `space` with every stated prior replaced by one that points away from `optimum` (the far
+/// end of a numeric range, another categorical value), sure of itself (spread 0.05).
+fn misleading(space: &Space, optimum: &Config) -> Space {
+    let mut s = space.clone();
+    for p in &mut s.params {
+        let Some(pr) = &mut p.prior else { continue };
+        let far = match (&p.kind, optimum.get(&p.name)) {
+            (Kind::Int { min, max, .. }, Some(Value::Int(x))) => {
+                Value::Int(if (x - min) > (max - x) { *min } else { *max })
+            }
+            (Kind::Float { min, max, .. }, Some(Value::Float(x))) => {
+                Value::Float(if (x - min) > (max - x) { *min } else { *max })
+            }
+            (Kind::Categorical { values }, Some(Value::Str(v))) => values
+                .iter()
+                .find(|w| *w != v)
+                .map(|w| Value::Str(w.clone()))
+                .unwrap_or(p.default.clone()),
+            (Kind::Bool, Some(Value::Bool(b))) => Value::Bool(!b),
+            _ => continue,
+        };
+        pr.at = Some(far);
+        pr.at_least = None;
+        pr.spread = Some(0.05);
+        pr.source = "misleading on purpose (search-bench)".into();
+    }
+    s
 }
 
 fn restrict(space: Space, keep: &[&str]) -> Space {
@@ -253,7 +307,7 @@ fn trajectory_warm(
 ) -> (Vec<f64>, Vec<Obs>) {
     let mut o = Oracle::new(l, seed);
     std::mem::swap(&mut o.cache, truths);
-    let mut opt = opt::make_warm(kind, &l.space, seed, warm);
+    let mut opt = opt::make_warm(kind, &l.space, seed, &l.plan(n), warm);
     let mut hist: Vec<Obs> = Vec::new();
     let mut out = Vec::new();
     let mut best: Option<(f64, Config)> = None;
@@ -482,11 +536,32 @@ pub struct BenchOptions {
     pub grid_cap: usize,
 }
 
-/// Runs the benchmark and returns the table (Markdown).
+/// Runs the benchmark and returns the table (Markdown): the four landscapes, then the first
+/// one again with a prior that points away from its optimum.
 pub fn run(opts: &BenchOptions) -> Result<String, String> {
     let mut out = String::new();
-    let checkpoints = [10usize, 20, 40];
-    for l in landscapes()? {
+    let mut ls = landscapes()?;
+    let misled = {
+        let l = &ls[0];
+        let mut truths = HashMap::new();
+        optimum(l, &mut truths, opts.optimum_samples);
+        let best = truths
+            .iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .and_then(|(k, _)| serde_json::from_str::<Config>(k).ok())
+            .ok_or("no feasible point on the first landscape")?;
+        Landscape {
+            name: format!("{}, misleading prior", l.name),
+            space: misleading(&l.space, &best),
+            machine: l.machine.clone(),
+            workload: l.workload.clone(),
+            limits: l.limits.clone(),
+            noise: l.noise,
+        }
+    };
+    ls.push(misled);
+    for l in ls {
         if opts
             .only
             .as_ref()
@@ -494,130 +569,169 @@ pub fn run(opts: &BenchOptions) -> Result<String, String> {
         {
             continue;
         }
-        let t0 = std::time::Instant::now();
-        let grid = opt::reference::Grid::new(l.space.clone(), 0);
-        // The grid runs to its end, or to `grid_cap` trials on a large one.
-        let grid_budget = (grid.len() + l.space.baselines().len()).min(opts.grid_cap);
-        let mut truths: HashMap<String, Option<f64>> = HashMap::new();
-        let mut trajectories: Vec<(Algorithm, Vec<Vec<f64>>)> = Vec::new();
-        for kind in Algorithm::ALL {
-            let n = if kind == Algorithm::Grid {
-                grid_budget
-            } else {
-                opts.budget
-            };
-            let runs: Vec<Vec<f64>> = (0..opts.seeds)
-                .map(|s| trajectory(&l, kind, s, n, &mut truths))
-                .collect();
-            trajectories.push((kind, runs));
-        }
-        // The optimum: every point measured so far (grid included) and a random sample.
-        let mut o = Oracle::new(&l, 0);
-        std::mem::swap(&mut o.cache, &mut truths);
-        let mut rng = opt::rng_for(0x0971, 0);
-        for _ in 0..opts.optimum_samples {
-            if let Ok(c) = l.space.sample(&mut rng) {
-                o.truth(&c);
-            }
-        }
-        let optimum = o
-            .cache
-            .values()
-            .filter_map(|v| *v)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let points = o.cache.len();
-        let at = o
-            .cache
-            .iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(k, _)| k.clone())
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "\n### {} ({} parameters; optimum {:.0} tok/s over {} distinct configurations; grid {} points)\n",
-            l.name,
-            l.space.params.len(),
-            optimum,
-            points,
-            grid.len()
-        );
-        let _ = writeln!(out, "Optimum at `{at}`.\n");
-        let _ = writeln!(
-            out,
-            "| optimiser | trials to 2% (median) | gap @10 | gap @20 | gap @40 | beats random @20 | beats random @40 |"
-        );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-        let random = trajectories
-            .iter()
-            .find(|(k, _)| *k == Algorithm::Random)
-            .map(|(_, r)| r.clone())
-            .unwrap_or_default();
-        for (kind, runs) in &trajectories {
-            let within: Vec<f64> = runs
-                .iter()
-                .map(|r| {
-                    r.iter()
-                        .position(|v| *v >= 0.98 * optimum)
-                        .map(|i| (i + 1) as f64)
-                        .unwrap_or(f64::INFINITY)
-                })
-                .collect();
-            let med = median(within);
-            let gap = |t: usize| {
-                median(
-                    runs.iter()
-                        .map(|r| {
-                            let v = r.get(t - 1).or(r.last()).copied().unwrap_or(0.0);
-                            100.0 * (1.0 - v / optimum)
-                        })
-                        .collect(),
-                )
-            };
-            let beats = |t: usize| {
-                let wins = runs
-                    .iter()
-                    .zip(&random)
-                    .filter(|(a, b)| {
-                        let x = a.get(t - 1).or(a.last()).copied().unwrap_or(0.0);
-                        let y = b.get(t - 1).or(b.last()).copied().unwrap_or(0.0);
-                        x > y * 1.000_001
-                    })
-                    .count();
-                format!("{wins}/{}", runs.len())
-            };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {} | {} |",
-                kind.name(),
-                if med.is_finite() {
-                    format!("{med:.0}")
-                } else {
-                    format!("> {}", runs.first().map(|r| r.len()).unwrap_or(0))
-                },
-                gap(checkpoints[0]),
-                gap(checkpoints[1]),
-                gap(checkpoints[2]),
-                if *kind == Algorithm::Random {
-                    "-".into()
-                } else {
-                    beats(20)
-                },
-                if *kind == Algorithm::Random {
-                    "-".into()
-                } else {
-                    beats(40)
-                },
-            );
-        }
-        let _ = writeln!(
-            out,
-            "\n({} seeds, budget {} trials, grid run to its end or {} trials; {:.1} s)",
-            opts.seeds,
-            opts.budget,
-            opts.grid_cap,
-            t0.elapsed().as_secs_f64()
-        );
+        table(&l, opts, &mut out);
     }
     Ok(out)
+}
+
+/// One row: trials to 2%, the gaps at the checkpoints, wins over random.
+struct Row {
+    name: String,
+    /// Per seed, the true value of the recommendation after each trial (one run per seed).
+    runs: Vec<Vec<f64>>,
+    /// Per checkpoint, per seed, the true value at the end of a study of that budget (the
+    /// `default` row runs one study per budget: its start-up scales with the budget).
+    at: Vec<Vec<f64>>,
+}
+
+/// The trials a study gets by default on this landscape, per budget.
+const CHECKPOINTS: [usize; 3] = [10, 20, 40];
+
+fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
+    let t0 = std::time::Instant::now();
+    let grid = opt::reference::Grid::new(l.space.clone(), 0);
+    // The grid runs to its end, or to `grid_cap` trials on a large one.
+    let grid_budget = (grid.len() + l.space.baselines().len()).min(opts.grid_cap);
+    let mut truths: HashMap<String, Option<f64>> = HashMap::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let default = opt::default_for(&l.space);
+    {
+        let mut at = vec![Vec::new(); CHECKPOINTS.len()];
+        let mut runs = Vec::new();
+        for s in 0..opts.seeds {
+            for (i, t) in CHECKPOINTS.iter().enumerate() {
+                let r = trajectory(l, default, s, *t, &mut truths);
+                at[i].push(r.last().copied().unwrap_or(0.0));
+                if i + 1 == CHECKPOINTS.len() {
+                    runs.push(r);
+                }
+            }
+        }
+        rows.push(Row {
+            name: format!("default ({})", default.name()),
+            runs,
+            at,
+        });
+    }
+    for kind in Algorithm::ALL {
+        let n = if kind == Algorithm::Grid {
+            grid_budget
+        } else {
+            opts.budget
+        };
+        let runs: Vec<Vec<f64>> = (0..opts.seeds)
+            .map(|s| trajectory(l, kind, s, n, &mut truths))
+            .collect();
+        let at = CHECKPOINTS
+            .iter()
+            .map(|t| {
+                runs.iter()
+                    .map(|r| r.get(t - 1).or(r.last()).copied().unwrap_or(0.0))
+                    .collect()
+            })
+            .collect();
+        rows.push(Row {
+            name: kind.name().into(),
+            runs,
+            at,
+        });
+    }
+    // The optimum: every point measured so far (grid included) and a random sample.
+    let mut o = Oracle::new(l, 0);
+    std::mem::swap(&mut o.cache, &mut truths);
+    let mut rng = opt::rng_for(0x0971, 0);
+    for _ in 0..opts.optimum_samples {
+        if let Ok(c) = l.space.sample(&mut rng) {
+            o.truth(&c);
+        }
+    }
+    let optimum = o
+        .cache
+        .values()
+        .filter_map(|v| *v)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let points = o.cache.len();
+    let at = o
+        .cache
+        .iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(k, _)| k.clone())
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "\n### {} ({} parameters; optimum {:.0} tok/s over {} distinct configurations; grid {} points)\n",
+        l.name,
+        l.space.params.len(),
+        optimum,
+        points,
+        grid.len()
+    );
+    let _ = writeln!(out, "Optimum at `{at}`.\n");
+    let said: Vec<String> = prior::resolve(&l.space, &[l.shape()])
+        .1
+        .into_iter()
+        .map(|r| r.note)
+        .collect();
+    if !said.is_empty() {
+        let _ = writeln!(out, "Priors: {}.\n", said.join("; "));
+    }
+    let _ = writeln!(
+        out,
+        "| optimiser | trials to 2% (median) | gap @10 | gap @20 | gap @40 | beats random @10 | beats random @20 | beats random @40 |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let random = rows
+        .iter()
+        .find(|r| r.name == Algorithm::Random.name())
+        .map(|r| r.at.clone())
+        .unwrap_or_default();
+    for row in &rows {
+        let within: Vec<f64> = row.runs.iter().map(|r| trials_to(r, optimum)).collect();
+        let med = median(within);
+        let gap = |i: usize| {
+            median(
+                row.at[i]
+                    .iter()
+                    .map(|v| 100.0 * (1.0 - v / optimum))
+                    .collect(),
+            )
+        };
+        let beats = |i: usize| {
+            if row.name == Algorithm::Random.name() {
+                return "-".to_string();
+            }
+            let wins = row.at[i]
+                .iter()
+                .zip(&random[i])
+                .filter(|(x, y)| **x > **y * 1.000_001)
+                .count();
+            format!("{wins}/{}", row.at[i].len())
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {} | {} | {} |",
+            row.name,
+            if med.is_finite() {
+                format!("{med:.0}")
+            } else {
+                format!("> {}", row.runs.first().map(|r| r.len()).unwrap_or(0))
+            },
+            gap(0),
+            gap(1),
+            gap(2),
+            beats(0),
+            beats(1),
+            beats(2),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n({} seeds, budget {} trials (the default row: one study per budget, {}), grid run to its end or {} trials; {:.1} s)",
+        opts.seeds,
+        opts.budget,
+        CHECKPOINTS.map(|c| c.to_string()).join(", "),
+        opts.grid_cap,
+        t0.elapsed().as_secs_f64()
+    );
 }

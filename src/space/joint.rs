@@ -58,6 +58,7 @@ impl Space {
             until: None,
             platform: None,
             platform_default: Default::default(),
+            prior: None,
         }];
         let mut constraints = Vec::new();
         for m in &members {

@@ -9,10 +9,12 @@
 //! probing in `joint`. No I/O beyond reading the file.
 
 mod joint;
+pub mod prior;
 mod render;
 pub mod text;
 
 pub use joint::help_mentions;
+pub use prior::{At, PriorSpec};
 pub use render::{CommandLine, RenderCtx, Rendered};
 
 use std::collections::BTreeMap;
@@ -307,6 +309,10 @@ pub struct Param {
     /// the CPU, 1024 on an H100): `platform_default = { cpu = 128 }` replaces `default` there.
     #[serde(default)]
     pub platform_default: BTreeMap<String, Value>,
+    /// What the workload implies for this parameter (`prior`): where the search starts and
+    /// what its acquisition favours until the evidence outweighs it.
+    #[serde(default)]
+    pub prior: Option<PriorSpec>,
 }
 
 /// The platforms a study runs on: `gpu` where NVML finds a GPU, else `cpu`, unless the study
@@ -339,6 +345,7 @@ const PARAM_KEYS: &[&str] = &[
     "until",
     "platform",
     "platform_default",
+    "prior",
 ];
 
 /// Compares engine versions in PEP 440 order (vLLM, SGLang and TensorRT-LLM are Python
@@ -602,6 +609,10 @@ impl Space {
                 ));
             }
             validate_kind(q).map_err(bad)?;
+            if let Some(pr) = &q.prior {
+                let vars: Vec<&str> = raw.engine.vars.keys().map(String::as_str).collect();
+                pr.at(q, &vars).map_err(bad)?;
+            }
             if let Some(pl) = &q.platform {
                 if !PLATFORMS.contains(&pl.as_str()) {
                     return Err(bad(format!(

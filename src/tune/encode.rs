@@ -77,17 +77,21 @@ pub fn encode(space: &Space, cfg: &Config) -> Vec<Coord> {
     space
         .params
         .iter()
-        .map(|p| match (cfg.get(&p.name), &p.kind) {
-            (None, _) => Coord::Off,
-            (Some(Value::Int(x)), _) => Coord::Num(unit(p, *x as f64)),
-            (Some(Value::Float(x)), _) => Coord::Num(unit(p, *x)),
-            (Some(Value::Bool(b)), _) => Coord::Cat(*b as usize),
-            (Some(Value::Str(s)), Kind::Categorical { values }) => {
-                Coord::Cat(values.iter().position(|v| v == s).unwrap_or(0))
-            }
-            (Some(Value::Str(_)), _) => Coord::Off,
-        })
+        .map(|p| cfg.get(&p.name).map_or(Coord::Off, |v| coord_of(p, v)))
         .collect()
+}
+
+/// The coordinate of value `v` of parameter `p`.
+pub fn coord_of(p: &Param, v: &Value) -> Coord {
+    match (v, &p.kind) {
+        (Value::Int(x), _) => Coord::Num(unit(p, *x as f64)),
+        (Value::Float(x), _) => Coord::Num(unit(p, *x)),
+        (Value::Bool(b), _) => Coord::Cat(*b as usize),
+        (Value::Str(s), Kind::Categorical { values }) => {
+            Coord::Cat(values.iter().position(|v| v == s).unwrap_or(0))
+        }
+        (Value::Str(_), _) => Coord::Off,
+    }
 }
 
 /// The configuration at `coords` (an `Off` coordinate means the engine's default): only the

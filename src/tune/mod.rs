@@ -9,6 +9,7 @@ pub mod decide;
 pub mod encode;
 pub mod eval;
 pub mod opt;
+pub mod prior;
 pub mod records;
 pub mod significance;
 pub mod spec;

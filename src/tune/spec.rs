@@ -54,8 +54,10 @@ pub struct StudySection {
     pub model: String,
     /// One engine (`vllm`) or a choice (`vllm+sglang`).
     pub engines: String,
+    /// The optimiser; absent: the one `search-bench` finds best for the space's dimension
+    /// (`opt::default_for`).
     #[serde(default)]
-    pub optimizer: Algorithm,
+    pub optimizer: Option<Algorithm>,
     #[serde(default)]
     pub seed: u64,
     /// Where the engines' space files are (default: `search-spaces` next to the study's
@@ -491,6 +493,33 @@ fn screen_fraction(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<String
     need as f64 / n as f64
 }
 
+/// The fewest requests a round must have beyond a guarded percentile for its interval to
+/// close within a tolerance of a few percent in the rounds a study runs: below it, the
+/// percentile is one of the few slowest requests of the round, and its round-to-round spread
+/// is tens of percent (P99 TTFT over 32 requests: ±20% after 5 rounds).
+pub const MIN_TAIL_REQUESTS: f64 = 5.0;
+
+/// Says, at study start, which guards cannot be decided at the primary workload's size: a
+/// percentile with fewer than `MIN_TAIL_REQUESTS` requests beyond it per round.
+fn guard_decidability(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<String>) {
+    let n = primary.num_prompts.max(1) as f64;
+    for (i, g) in s.validation.guards.iter().enumerate() {
+        let Some((_, st)) = g.split_once(':') else {
+            continue;
+        };
+        if let Some(crate::bench::abort::Stat::P(p)) = crate::bench::abort::Stat::parse(st) {
+            let tail = n * (1.0 - p / 100.0);
+            if tail < MIN_TAIL_REQUESTS {
+                warnings.push(format!(
+                    "validation.guards[{i}] {g:?} cannot be decided: a round of {n:.0} requests has {tail:.1} beyond its {p}th percentile, so its interval will not close within {:.0}% and the guard will read inconclusive (keeping the defaults); guard a mean or median, a lower percentile, or raise --num-prompts to at least {:.0}",
+                    100.0 * s.validation.tolerance,
+                    (MIN_TAIL_REQUESTS / (1.0 - p / 100.0)).ceil()
+                ));
+            }
+        }
+    }
+}
+
 impl Study {
     pub fn load(path: &Path) -> Result<Study, TuneError> {
         let text = std::fs::read_to_string(path).map_err(|source| TuneError::Io {
@@ -765,6 +794,7 @@ impl Study {
         }
         let mut warnings = Vec::new();
         let screen_fraction = screen_fraction(s, &workloads[0].1, &mut warnings);
+        guard_decidability(s, &workloads[0].1, &mut warnings);
         let mut spec = spec;
         spec.binaries = binaries;
         Ok(Study {

@@ -51,11 +51,27 @@ pub struct Runner<E: Evaluator> {
     /// study record when it is created.
     pub warm: Vec<WarmStart>,
     optimizer: Box<dyn Optimizer + Send>,
+    /// The optimiser (the file's, else `opt::default_for` the space), its plan (budget, the
+    /// workload's priors) and what the priors resolved to.
+    pub algorithm: opt::Algorithm,
+    plan: opt::Plan,
+    pub priors: Vec<super::prior::Resolved>,
 }
 
 impl<E: Evaluator> Runner<E> {
     pub fn new(store: Store, study: Study, space: Space, eval: E, trial_root: PathBuf) -> Self {
-        let optimizer = opt::make(study.spec.study.optimizer, &space, study.spec.study.seed);
+        let (plan, priors) = super::prior::plan(&study, &space);
+        let algorithm = study
+            .spec
+            .study
+            .optimizer
+            .unwrap_or_else(|| opt::default_for(&space));
+        let optimizer = opt::make(
+            algorithm,
+            &space,
+            study.spec.study.seed,
+            &plan,
+        );
         Runner {
             records: Records::new(store),
             study,
@@ -70,6 +86,9 @@ impl<E: Evaluator> Runner<E> {
             cancel: CancellationToken::new(),
             warm: Vec::new(),
             optimizer,
+            algorithm,
+            plan,
+            priors,
         }
     }
 
@@ -160,7 +179,8 @@ impl<E: Evaluator> Runner<E> {
                 .iter()
                 .map(|w| (w.config.clone(), w.from.clone()))
                 .collect();
-            self.optimizer = opt::make_warm(spec.optimizer, &self.space, spec.seed, warm);
+            self.optimizer =
+                opt::make_warm(self.algorithm, &self.space, spec.seed, &self.plan, warm);
         }
         if rec.phase == Phase::Search {
             self.search(&mut rec).await?;
@@ -277,8 +297,9 @@ impl<E: Evaluator> Runner<E> {
     fn min_trials(&self, rec: &StudyRecord) -> u32 {
         let spec = &self.study.spec;
         spec.stopping.min_trials.max(opt::convergence_floor(
-            spec.study.optimizer,
+            self.algorithm,
             &self.space,
+            &self.plan,
             rec.warm_start.len(),
         ))
     }
@@ -370,6 +391,20 @@ impl<E: Evaluator> Runner<E> {
     async fn search(&mut self, rec: &mut StudyRecord) -> Result<(), TuneError> {
         for w in self.study.warnings.clone() {
             self.say(&format!("note: {w}"));
+        }
+        if !self.priors.is_empty() {
+            let said: Vec<String> = self.priors.iter().map(|p| p.note.clone()).collect();
+            self.say(&format!(
+                "{}: the workload implies {}; {} start-up trials, then model-guided",
+                self.algorithm.name(),
+                said.join("; "),
+                opt::startup_trials(
+                    self.algorithm,
+                    &self.space,
+                    &self.plan,
+                    rec.warm_start.len()
+                )
+            ));
         }
         let floor = self.min_trials(rec);
         if floor > self.study.spec.stopping.min_trials {

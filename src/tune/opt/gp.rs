@@ -12,14 +12,14 @@ use argmin::solver::simulatedannealing::{Anneal, SimulatedAnnealing};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use super::{ranked, rng_for, Obs, Optimizer, Proposal};
+use super::prior::{exponent, log_density};
+use super::{guided, ranked, rng_for, Algorithm, Obs, Optimizer, Plan, Proposal};
 use crate::space::Space;
 use crate::tune::encode::{
     arity, coord_distance, decode, edges, encode, neighbour, random_config, Coord,
 };
 use crate::tune::significance::{cdf, pdf};
 
-pub const STARTUP: usize = 6;
 const RANDOM_CANDIDATES: usize = 256;
 const LOCAL_CANDIDATES: usize = 24;
 const ANNEAL_ITERS: u64 = 80;
@@ -27,11 +27,12 @@ const ANNEAL_ITERS: u64 = 80;
 pub struct Gp {
     space: Space,
     seed: u64,
+    plan: Plan,
 }
 
 impl Gp {
-    pub fn new(space: Space, seed: u64) -> Self {
-        Gp { space, seed }
+    pub fn new(space: Space, seed: u64, plan: Plan) -> Self {
+        Gp { space, seed, plan }
     }
 }
 
@@ -164,6 +165,9 @@ struct Acquisition<'a> {
     /// Best standardised target.
     best: f64,
     rng: RefCell<StdRng>,
+    /// The workload's priors and πBO's exponent on them (`prior::exponent`).
+    priors: &'a [Option<super::Prior>],
+    beta: f64,
 }
 
 impl Acquisition<'_> {
@@ -179,7 +183,8 @@ impl Acquisition<'_> {
             }
             None => 1.0,
         };
-        (ei.max(0.0) * pf, ei.max(0.0))
+        let prior = (self.beta * log_density(self.priors, c)).exp();
+        (ei.max(0.0) * pf * prior, ei.max(0.0))
     }
 
     fn of_params(&self, p: &[f64]) -> Vec<Coord> {
@@ -238,12 +243,11 @@ impl Anneal for Acquisition<'_> {
 impl Optimizer for Gp {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
         let mut rng = rng_for(self.seed, history.len());
-        let baselines = self.space.baselines().len();
         let feasible: Vec<&Obs> = history.iter().filter(|h| h.value.is_some()).collect();
-        if history.len() < baselines + STARTUP || feasible.len() < 2 {
+        if feasible.len() < 2 {
             return Ok(Proposal {
                 config: random_config(&self.space, &mut rng)?,
-                note: "gp: random start-up".into(),
+                note: "gp: fewer than two feasible trials; random".into(),
                 expected_improvement: None,
             });
         }
@@ -297,12 +301,35 @@ impl Optimizer for Gp {
             feas,
             best,
             rng: RefCell::new(rng_for(self.seed ^ 0xA11EA1, history.len())),
+            priors: &self.plan.priors,
+            beta: exponent(
+                self.plan.budget,
+                guided(Algorithm::Gp, &self.space, &self.plan, history.len()),
+            ),
         };
         // Candidates: random points and neighbours of the best trials.
         let mut cands: Vec<Vec<Coord>> = Vec::new();
         for _ in 0..RANDOM_CANDIDATES {
             if let Ok(c) = random_config(&self.space, &mut rng) {
                 cands.push(encode(&self.space, &c));
+            }
+        }
+        // Draws from the prior, so that its region is among the candidates.
+        if self.plan.priors.iter().any(Option::is_some) {
+            for _ in 0..RANDOM_CANDIDATES / 4 {
+                let c: Vec<Coord> = self
+                    .space
+                    .params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| match self.plan.priors.get(i).copied().flatten() {
+                        Some(pr) => pr.quantile(rng.random_range(0.0..1.0)),
+                        None => crate::tune::encode::random_coord(p, &mut rng),
+                    })
+                    .collect();
+                if let Ok(cfg) = decode(&self.space, &c) {
+                    cands.push(encode(&self.space, &cfg));
+                }
             }
         }
         for t in ranked(history).into_iter().take(3) {
@@ -362,7 +389,10 @@ impl Optimizer for Gp {
         };
         Ok(Proposal {
             config,
-            note: format!("gp: EI {:.2}% (× P(feasible) = {a:.3})", 100.0 * rel),
+            note: format!(
+                "gp: EI {:.2}% (× P(feasible) × prior = {a:.3})",
+                100.0 * rel
+            ),
             expected_improvement: Some(rel),
         })
     }

@@ -8,8 +8,11 @@
 
 mod anneal;
 mod gp;
+pub mod prior;
 pub mod reference;
 mod tpe;
+
+pub use prior::Prior;
 
 use std::collections::HashSet;
 
@@ -18,6 +21,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::space::{Config, Space};
+use crate::tune::encode::{arity, decode, encode, Coord};
 
 /// Which optimiser a study uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -90,26 +94,76 @@ pub trait Optimizer {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String>;
 }
 
-/// Random trials a model-based optimiser runs (after the baselines) before its model proposes.
-pub fn startup_trials(kind: Algorithm) -> usize {
-    match kind {
-        Algorithm::Tpe => tpe::STARTUP,
-        Algorithm::Gp => gp::STARTUP,
-        Algorithm::Anneal | Algorithm::Random | Algorithm::Grid | Algorithm::Reports => 0,
+/// The optimiser a study gets when its file names none, by the space's dimension, from
+/// `servetune search-bench` (benches/search-quality.md): the Gaussian process on small spaces
+/// (it reaches 2% of the optimum in 18-22 trials on the 3-parameter landscapes, even under a
+/// misleading prior, where TPE does not within 40), TPE on larger ones (ahead of the GP at 20
+/// trials on the 6- and 10-parameter landscapes).
+pub fn default_for(space: &Space) -> Algorithm {
+    if space.params.len() <= GP_MAX_DIMS {
+        Algorithm::Gp
+    } else {
+        Algorithm::Tpe
     }
 }
 
-/// The fewest search trials before a convergence rule may stop a study: the baselines, the
-/// warm start and the optimiser's random start-up, then at least as many model-guided trials
-/// as twice the number of parameters (five at least), so that the model has had its chance.
-pub fn convergence_floor(kind: Algorithm, space: &Space, warm: usize) -> u32 {
+/// The largest space the Gaussian process is the default for.
+pub const GP_MAX_DIMS: usize = 4;
+
+/// What a study tells its optimiser beyond the space and the seed: its budget (the start-up
+/// design and the prior's fading scale with it) and the priors the workload implies, one per
+/// parameter of the space (`tune::prior` resolves them; empty: none).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Search trials the study may run (`budget.trials`).
+    pub budget: usize,
+    pub priors: Vec<Option<Prior>>,
+}
+
+impl Plan {
+    /// A plan with no priors.
+    pub fn budget(budget: usize) -> Plan {
+        Plan {
+            budget,
+            priors: Vec::new(),
+        }
+    }
+
+    fn has_priors(&self) -> bool {
+        self.priors.iter().any(Option::is_some)
+    }
+}
+
+/// Whether the optimiser models the objective (and so starts with a space-filling design).
+fn model_based(kind: Algorithm) -> bool {
+    matches!(kind, Algorithm::Tpe | Algorithm::Gp)
+}
+
+/// Start-up trials a model-based optimiser runs after the baselines and the warm start: the
+/// workload's prior point (when the space has priors) and a space-filling design. They scale
+/// with the budget and the dimension: a quarter of the trials left (two at least), never more
+/// than one per parameter plus one, so that most of a small budget is model-guided.
+pub fn startup_trials(kind: Algorithm, space: &Space, plan: &Plan, warm: usize) -> usize {
+    if !model_based(kind) {
+        return 0;
+    }
+    let left = plan.budget.saturating_sub(space.baselines().len() + warm);
     let dims = space.params.len();
-    (space.baselines().len() + warm + startup_trials(kind) + (2 * dims).max(5)) as u32
+    left.div_ceil(4).clamp(2, dims + 1).min(left)
+}
+
+/// The fewest search trials before a convergence rule may stop a study: the baselines, the
+/// warm start and the optimiser's start-up, then at least as many model-guided trials as
+/// twice the number of parameters (five at least), so that the model has had its chance.
+pub fn convergence_floor(kind: Algorithm, space: &Space, plan: &Plan, warm: usize) -> u32 {
+    let dims = space.params.len();
+    (space.baselines().len() + warm + startup_trials(kind, space, plan, warm) + (2 * dims).max(5))
+        as u32
 }
 
 /// Builds an optimiser.
-pub fn make(kind: Algorithm, space: &Space, seed: u64) -> Box<dyn Optimizer + Send> {
-    make_warm(kind, space, seed, Vec::new())
+pub fn make(kind: Algorithm, space: &Space, seed: u64, plan: &Plan) -> Box<dyn Optimizer + Send> {
+    make_warm(kind, space, seed, plan, Vec::new())
 }
 
 /// Builds an optimiser that, after the baselines, proposes `warm` (configurations that were
@@ -119,30 +173,103 @@ pub fn make_warm(
     kind: Algorithm,
     space: &Space,
     seed: u64,
+    plan: &Plan,
     warm: Vec<(Config, String)>,
 ) -> Box<dyn Optimizer + Send> {
     let inner: Box<dyn Optimizer + Send> = match kind {
-        Algorithm::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed)),
-        Algorithm::Gp => Box::new(gp::Gp::new(space.clone(), seed)),
+        Algorithm::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed, plan.clone())),
+        Algorithm::Gp => Box::new(gp::Gp::new(space.clone(), seed, plan.clone())),
         Algorithm::Anneal => Box::new(anneal::Anneal::new(space.clone(), seed)),
         Algorithm::Random => Box::new(reference::Random::new(space.clone(), seed)),
         Algorithm::Grid => Box::new(reference::Grid::new(space.clone(), seed)),
         Algorithm::Reports => Box::new(reference::Reports::new(space.clone())),
     };
+    let startup = start_up(kind, space, seed, plan, warm.len());
     Box::new(WithBaselines {
         baselines: space.baselines(),
         warm,
+        startup,
         space: space.clone(),
         seed,
         inner,
     })
 }
 
-/// The baselines first, then the warm-start points; afterwards the inner optimiser, with a proposal that repeats an earlier
-/// trial replaced by a fresh random point (a repeat teaches nothing).
+/// The start-up proposals of a model-based optimiser (see `startup_trials`): the point the
+/// workload implies (every parameter with a prior at its mode, the others at their defaults),
+/// then a prior-shaped Latin hypercube.
+fn start_up(
+    kind: Algorithm,
+    space: &Space,
+    seed: u64,
+    plan: &Plan,
+    warm: usize,
+) -> Vec<(Config, String)> {
+    let n = startup_trials(kind, space, plan, warm);
+    let mut out: Vec<(Config, String)> = Vec::new();
+    if n == 0 {
+        return out;
+    }
+    if plan.has_priors() {
+        let defaults = encode(space, &space.defaults());
+        let coords: Vec<Coord> = defaults
+            .iter()
+            .enumerate()
+            .map(|(i, d)| match plan.priors.get(i).copied().flatten() {
+                Some(p) => p.mode(),
+                None => *d,
+            })
+            .collect();
+        if let Ok(cfg) = decode(space, &coords) {
+            let named: Vec<&str> = space
+                .params
+                .iter()
+                .zip(&plan.priors)
+                .filter(|(_, p)| p.is_some())
+                .map(|(q, _)| q.name.as_str())
+                .collect();
+            out.push((
+                cfg,
+                format!(
+                    "{}: the workload's prior ({})",
+                    kind.name(),
+                    named.join(", ")
+                ),
+            ));
+        }
+    }
+    let arities: Vec<Option<usize>> = space.params.iter().map(arity).collect();
+    let rest = n.saturating_sub(out.len());
+    for (i, coords) in prior::design(&arities, &plan.priors, rest, seed)
+        .into_iter()
+        .enumerate()
+    {
+        if let Ok(cfg) = decode(space, &coords) {
+            let shaped = if plan.has_priors() {
+                ", prior-shaped"
+            } else {
+                ""
+            };
+            out.push((
+                cfg,
+                format!(
+                    "{}: start-up design {}/{rest} (Latin hypercube{shaped})",
+                    kind.name(),
+                    i + 1
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// The baselines first, then the warm-start points, then the start-up design; afterwards the
+/// inner optimiser, with a proposal that repeats an earlier trial replaced by a fresh random
+/// point (a repeat teaches nothing).
 struct WithBaselines {
     baselines: Vec<Config>,
     warm: Vec<(Config, String)>,
+    startup: Vec<(Config, String)>,
     space: Space,
     seed: u64,
     inner: Box<dyn Optimizer + Send>,
@@ -172,6 +299,25 @@ impl Optimizer for WithBaselines {
                 expected_improvement: None,
             });
         }
+        // The start-up design, by position: its k-th point once the history holds k of the
+        // trials that came after the baselines and the warm start (a point that repeats an
+        // earlier trial is passed over).
+        let before = self.baselines.len() + self.warm.len();
+        let k = history.len().saturating_sub(before);
+        if let Some((c, note)) = self
+            .startup
+            .iter()
+            .skip(k)
+            .find(|(c, _)| !history.iter().any(|h| &h.config == c))
+        {
+            if k < self.startup.len() {
+                return Ok(Proposal {
+                    config: c.clone(),
+                    note: note.clone(),
+                    expected_improvement: None,
+                });
+            }
+        }
         let p = self.inner.propose(history)?;
         let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();
         if !seen.contains(&key(&p.config)) {
@@ -191,6 +337,12 @@ impl Optimizer for WithBaselines {
         // A space this small is exhausted: measuring a point again at least narrows its noise.
         Ok(p)
     }
+}
+
+/// The number of model-guided trials in `history` (those after the baselines, the warm start
+/// and the start-up design), for the prior's fading.
+pub fn guided(kind: Algorithm, space: &Space, plan: &Plan, history_len: usize) -> usize {
+    history_len.saturating_sub(space.baselines().len() + startup_trials(kind, space, plan, 0))
 }
 
 /// A canonical text of a configuration, for equality and hashing.

@@ -76,8 +76,12 @@ fn evaluate(c: &Config) -> Obs {
 }
 
 fn run(kind: Algorithm, seed: u64, n: usize) -> Vec<Obs> {
+    run_with(kind, seed, n, &Plan::budget(n))
+}
+
+fn run_with(kind: Algorithm, seed: u64, n: usize, plan: &Plan) -> Vec<Obs> {
     let space = toy();
-    let mut opt = make(kind, &space, seed);
+    let mut opt = make(kind, &space, seed, plan);
     let mut hist = Vec::new();
     for _ in 0..n {
         let p = opt.propose(&hist).unwrap();
@@ -111,7 +115,7 @@ fn proposals_are_deterministic_for_a_seed_and_differ_across_seeds() {
 fn a_resumed_optimiser_proposes_what_the_original_would_have() {
     for k in Algorithm::ALL {
         let h = run(k, 11, 12);
-        let mut fresh = make(k, &toy(), 11);
+        let mut fresh = make(k, &toy(), 11, &Plan::budget(12));
         let p = fresh.propose(&h[..9]).unwrap();
         assert_eq!(p.config, h[9].config, "{}", k.name());
     }
@@ -151,7 +155,7 @@ fn grid_visits_distinct_points_then_says_it_is_exhausted() {
     let grid = reference::Grid::new(space.clone(), 0);
     // 3 levels of x, 3 of y, 3 modes.
     assert_eq!(grid.len(), 27);
-    let mut opt = make(Algorithm::Grid, &space, 0);
+    let mut opt = make(Algorithm::Grid, &space, 0, &Plan::budget(28));
     let mut hist = Vec::new();
     while let Ok(p) = opt.propose(&hist) {
         assert!(!hist.iter().any(|h: &Obs| h.config == p.config));
@@ -174,4 +178,125 @@ fn reports_method_changes_one_option_at_a_time_then_combines_the_winners() {
     assert_eq!(singles, 5 + 5 + 2);
     let next = &h[1 + singles];
     assert!(changed(&next.config) >= 2, "{:?}", next.config);
+}
+
+/// Priors on the toy space: x near `x`, y near `y` (log2), mode `mode` (index), sure ones.
+fn priors(x: f64, y: f64, mode: usize) -> Plan {
+    Plan {
+        budget: 0,
+        priors: vec![
+            Some(Prior::Num { mu: x, sigma: 0.05 }),
+            Some(Prior::Num {
+                mu: y / 6.0,
+                sigma: 0.05,
+            }),
+            Some(Prior::Cat {
+                index: mode,
+                arity: 3,
+            }),
+        ],
+    }
+}
+
+#[test]
+fn start_up_scales_with_the_budget_and_never_fills_a_small_one() {
+    let space = toy();
+    for k in [Algorithm::Tpe, Algorithm::Gp] {
+        // 12 trials, one baseline: 11 left, a quarter of them start-up (3), at most dims + 1.
+        assert_eq!(startup_trials(k, &space, &Plan::budget(12), 0), 3);
+        assert_eq!(startup_trials(k, &space, &Plan::budget(40), 0), 4);
+        assert_eq!(startup_trials(k, &space, &Plan::budget(4), 0), 2);
+        assert_eq!(startup_trials(k, &space, &Plan::budget(2), 0), 1);
+        // The notes say which phase each trial is in: the model proposes from trial 5 on.
+        let h = run(k, 1, 12);
+        let mut opt = make(k, &space, 1, &Plan::budget(12));
+        let notes: Vec<String> = (1..h.len())
+            .map(|i| opt.propose(&h[..i]).unwrap().note)
+            .collect();
+        assert!(
+            notes[..3].iter().all(|n| n.contains("start-up design")),
+            "{notes:?}"
+        );
+        assert!(
+            notes[3..].iter().all(|n| !n.contains("start-up")),
+            "{notes:?}"
+        );
+    }
+    assert_eq!(
+        startup_trials(Algorithm::Random, &space, &Plan::budget(12), 0),
+        0
+    );
+}
+
+#[test]
+fn the_workload_prior_is_tried_right_after_the_defaults() {
+    let plan = Plan {
+        budget: 12,
+        ..priors(0.7, 4.0, 1)
+    };
+    let h = run_with(Algorithm::Gp, 0, 2, &plan);
+    assert_eq!(h[0].config, toy().defaults());
+    assert_eq!(num(&h[1].config, "x"), 0.7);
+    assert_eq!(num(&h[1].config, "y"), 16.0);
+    assert_eq!(h[1].config.get("mode"), Some(&Value::Str("b".into())));
+}
+
+#[test]
+fn a_right_prior_speeds_the_search_and_a_wrong_one_does_not_stop_it() {
+    // The peak is 100 at x = 0.7, y = 16, mode b. Trials until within 2% of it, per seed.
+    let to_2pct = |h: &[Obs]| {
+        let mut best = f64::NEG_INFINITY;
+        h.iter()
+            .position(|o| {
+                best = best.max(o.value.unwrap_or(f64::NEG_INFINITY));
+                best >= 98.0
+            })
+            .map_or(usize::MAX, |i| i + 1)
+    };
+    for k in [Algorithm::Gp, Algorithm::Tpe] {
+        let (mut right, mut none, mut wrong) = (Vec::new(), Vec::new(), Vec::new());
+        for seed in 0..6 {
+            let n = 40;
+            right.push(to_2pct(&run_with(
+                k,
+                seed,
+                n,
+                &Plan {
+                    budget: n,
+                    ..priors(0.7, 4.0, 1)
+                },
+            )));
+            none.push(to_2pct(&run_with(k, seed, n, &Plan::budget(n))));
+            // Wrong everywhere: x at the far end, y at the bottom, mode a.
+            wrong.push(to_2pct(&run_with(
+                k,
+                seed,
+                n,
+                &Plan {
+                    budget: n,
+                    ..priors(0.0, 0.0, 0)
+                },
+            )));
+        }
+        let median = |mut v: Vec<usize>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        let (r, o, w) = (
+            median(right.clone()),
+            median(none.clone()),
+            median(wrong.clone()),
+        );
+        assert!(
+            r <= 2,
+            "{}: the right prior is the second trial: {right:?}",
+            k.name()
+        );
+        assert!(r <= o, "{}: right {right:?} none {none:?}", k.name());
+        assert!(
+            w <= 40,
+            "{}: a wrong prior never converged: {wrong:?}",
+            k.name()
+        );
+    }
 }

@@ -10,24 +10,24 @@
 
 use rand::Rng;
 
-use super::{ranked, rng_for, Obs, Optimizer, Proposal};
+use super::prior::{exponent, log_density};
+use super::{guided, ranked, rng_for, Algorithm, Obs, Optimizer, Plan, Proposal};
 use crate::space::Space;
 use crate::tune::encode::{arity, decode, encode, random_config, random_coord, random_unit, Coord};
 use crate::tune::significance::cdf;
 
-/// Random trials (after the baselines) before the model is used.
-pub const STARTUP: usize = 6;
 /// Candidates drawn from l per proposal.
 const CANDIDATES: usize = 32;
 
 pub struct Tpe {
     space: Space,
     seed: u64,
+    plan: Plan,
 }
 
 impl Tpe {
-    pub fn new(space: Space, seed: u64) -> Self {
-        Tpe { space, seed }
+    pub fn new(space: Space, seed: u64, plan: Plan) -> Self {
+        Tpe { space, seed, plan }
     }
 }
 
@@ -136,15 +136,19 @@ impl Density {
 impl Optimizer for Tpe {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
         let mut rng = rng_for(self.seed, history.len());
-        let baselines = self.space.baselines().len();
         let feasible = history.iter().filter(|h| h.value.is_some()).count();
-        if history.len() < baselines + STARTUP || feasible < 2 {
+        if feasible < 2 {
             return Ok(Proposal {
                 config: random_config(&self.space, &mut rng)?,
-                note: "tpe: random start-up".into(),
+                note: "tpe: fewer than two feasible trials; random".into(),
                 expected_improvement: None,
             });
         }
+        // πBO: the prior's log density, weighted by an exponent that fades with evidence.
+        let beta = exponent(
+            self.plan.budget,
+            guided(Algorithm::Tpe, &self.space, &self.plan, history.len()),
+        );
         let order = ranked(history);
         // γ = 25% of the feasible trials (at least one) are "good".
         let n_good = ((feasible as f64) * 0.25).ceil().max(1.0) as usize;
@@ -176,10 +180,12 @@ impl Optimizer for Tpe {
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    if rng.random_bool(0.1) {
-                        random_coord(p, &mut rng)
-                    } else {
-                        l[i].sample(&mut rng)
+                    let prior = self.plan.priors.get(i).copied().flatten();
+                    match prior {
+                        // A share of the draws from the prior keeps its region in reach.
+                        Some(pr) if rng.random_bool(0.2) => pr.quantile(rng.random_range(0.0..1.0)),
+                        _ if rng.random_bool(0.1) => random_coord(p, &mut rng),
+                        _ => l[i].sample(&mut rng),
                     }
                 })
                 .collect();
@@ -192,7 +198,8 @@ impl Optimizer for Tpe {
                 .enumerate()
                 .filter(|(_, c)| **c != Coord::Off)
                 .map(|(i, c)| l[i].pdf(*c).max(1e-300).ln() - g[i].pdf(*c).max(1e-300).ln())
-                .sum();
+                .sum::<f64>()
+                + beta * log_density(&self.plan.priors, &actual);
             if best.as_ref().is_none_or(|(s, _)| score > *s) {
                 best = Some((score, cfg));
             }
