@@ -464,12 +464,7 @@ async fn min_trials_zero_and_a_paused_study_do_not_cut_the_search_short() {
     let ts = Records::new(store.clone()).trials("floor").unwrap();
     let n = search(&ts).len() as u32;
     let plan = servetune::tune::prior::plan(&r.study, &r.space).0;
-    let floor = servetune::tune::opt::convergence_floor(
-        r.algorithm,
-        &r.space,
-        &plan,
-        0,
-    );
+    let floor = servetune::tune::opt::convergence_floor(r.algorithm, &r.space, &plan, 0);
     assert!(
         n >= floor.min(14),
         "{n} search trials, floor {floor}: {:?}",

@@ -248,6 +248,7 @@ impl<'a> Oracle<'a> {
                     value: violation.is_none().then_some(m.total_token_throughput),
                     failed: false,
                     measured: Some(m.total_token_throughput),
+                    slack: m.slack(&l.limits),
                 }
             }
             Err(e) => {
@@ -259,6 +260,7 @@ impl<'a> Oracle<'a> {
                     value: None,
                     failed: true,
                     measured: None,
+                    slack: Vec::new(),
                 }
             }
         }
@@ -541,7 +543,9 @@ pub struct BenchOptions {
 pub fn run(opts: &BenchOptions) -> Result<String, String> {
     let mut out = String::new();
     let mut ls = landscapes()?;
-    let misled = {
+    let wanted = |name: &str| opts.only.as_ref().is_none_or(|o| name.contains(o.as_str()));
+    let misled_name = format!("{}, misleading prior", ls[0].name);
+    if wanted(&misled_name) {
         let l = &ls[0];
         let mut truths = HashMap::new();
         optimum(l, &mut truths, opts.optimum_samples);
@@ -551,25 +555,18 @@ pub fn run(opts: &BenchOptions) -> Result<String, String> {
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .and_then(|(k, _)| serde_json::from_str::<Config>(k).ok())
             .ok_or("no feasible point on the first landscape")?;
-        Landscape {
-            name: format!("{}, misleading prior", l.name),
+        let misled = Landscape {
+            name: misled_name,
             space: misleading(&l.space, &best),
             machine: l.machine.clone(),
             workload: l.workload.clone(),
             limits: l.limits.clone(),
             noise: l.noise,
-        }
-    };
-    ls.push(misled);
-    for l in ls {
-        if opts
-            .only
-            .as_ref()
-            .is_some_and(|o| !l.name.contains(o.as_str()))
-        {
-            continue;
-        }
-        table(&l, opts, &mut out);
+        };
+        ls.push(misled);
+    }
+    for l in ls.iter().filter(|l| wanted(&l.name)) {
+        table(l, opts, &mut out);
     }
     Ok(out)
 }

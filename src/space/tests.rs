@@ -682,23 +682,65 @@ fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
             false
         )
     );
-    let at_least = with(r#"prior = { at_least = "{prompt_tokens}", source = "s" }"#, "");
+    let at_least = with(
+        r#"prior = { at_least = "{prompt_tokens}", source = "s" }"#,
+        "",
+    );
     let s = Space::parse(&at_least, "p.toml").unwrap();
-    assert!(s.params[0].prior.as_ref().unwrap().at(&s.params[0], &[]).unwrap().1);
+    assert!(
+        s.params[0]
+            .prior
+            .as_ref()
+            .unwrap()
+            .at(&s.params[0], &[])
+            .unwrap()
+            .1
+    );
     for (batch, mode, needle) in [
-        (r#"prior = { at = "{slots}", source = "s" }"#, "", "unknown variable \"slots\""),
-        (r#"prior = { at = 8000, source = "s" }"#, "", "not a value of the parameter"),
-        (r#"prior = { at = 64, at_least = 32, source = "s" }"#, "", "exactly one of"),
-        (r#"prior = { at = "{concurrency}+1", source = "s" }"#, "", "`*K` or `/K`"),
-        (r#"prior = { at = 64, spread = 0, source = "s" }"#, "", "spread 0"),
+        (
+            r#"prior = { at = "{slots}", source = "s" }"#,
+            "",
+            "unknown variable \"slots\"",
+        ),
+        (
+            r#"prior = { at = 8000, source = "s" }"#,
+            "",
+            "not a value of the parameter",
+        ),
+        (
+            r#"prior = { at = 64, at_least = 32, source = "s" }"#,
+            "",
+            "exactly one of",
+        ),
+        (
+            r#"prior = { at = "{concurrency}+1", source = "s" }"#,
+            "",
+            "`*K` or `/K`",
+        ),
+        (
+            r#"prior = { at = 64, spread = 0, source = "s" }"#,
+            "",
+            "spread 0",
+        ),
         (r#"prior = { at = 64, source = " " }"#, "", "prior.source"),
         (r#"prior = { at = 64, sauce = "s" }"#, "", "sauce"),
-        ("", r#"prior = { at_least = "a", source = "s" }"#, "only for a numeric"),
-        ("", r#"prior = { at = "c", source = "s" }"#, "not a value of the parameter"),
+        (
+            "",
+            r#"prior = { at_least = "a", source = "s" }"#,
+            "only for a numeric",
+        ),
+        (
+            "",
+            r#"prior = { at = "c", source = "s" }"#,
+            "not a value of the parameter",
+        ),
     ] {
         let e = Space::parse(&with(batch, mode), "p.toml")
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("p.toml:") && e.contains(needle), "{needle}: {e}");
+        assert!(
+            e.starts_with("p.toml:") && e.contains(needle),
+            "{needle}: {e}"
+        );
     }
 }

@@ -152,6 +152,20 @@ impl Measurement {
     }
 
     /// Why this run misses the constraints, if it does.
+    /// Per latency limit, the log of measured / limit (above 0: missed), None where the run
+    /// did not measure the statistic: what the optimiser's constraint models learn from.
+    pub fn slack(&self, limits: &[LatencyLimit]) -> Vec<Option<f64>> {
+        limits
+            .iter()
+            .map(|l| {
+                self.latencies_ms
+                    .get(&latency_key(l))
+                    .filter(|v| **v > 0.0 && l.limit_ms > 0.0)
+                    .map(|v| (v / l.limit_ms).ln())
+            })
+            .collect()
+    }
+
     pub fn violation(&self, min_success_rate: f64, limits: &[LatencyLimit]) -> Option<String> {
         if let Some(a) = &self.aborted {
             return Some(format!("stopped early: {a}"));

@@ -66,12 +66,7 @@ impl<E: Evaluator> Runner<E> {
             .study
             .optimizer
             .unwrap_or_else(|| opt::default_for(&space));
-        let optimizer = opt::make(
-            algorithm,
-            &space,
-            study.spec.study.seed,
-            &plan,
-        );
+        let optimizer = opt::make(algorithm, &space, study.spec.study.seed, &plan);
         Runner {
             records: Records::new(store),
             study,
@@ -241,7 +236,12 @@ impl<E: Evaluator> Runner<E> {
     /// screened-out one only by its screen, a low-fidelity reading: its screen value is scaled
     /// by `screen_to_full`, the median ratio of full to screen runs among the promoted trials,
     /// so that a short run's ramp-up and drain do not bias it against the full runs.
-    fn obs(t: &TrialRecord, screen_to_full: f64, metric: ObjectiveMetric) -> Obs {
+    fn obs(
+        t: &TrialRecord,
+        screen_to_full: f64,
+        metric: ObjectiveMetric,
+        limits: &[crate::bench::abort::LatencyLimit],
+    ) -> Obs {
         let estimate = match (t.objective, t.screen_objective, t.promoted) {
             (Some(full), _, _) => Some(full),
             (None, Some(s), false) => Some(s * screen_to_full),
@@ -261,6 +261,12 @@ impl<E: Evaluator> Runner<E> {
                 .as_ref()
                 .and_then(|m| m.objective(metric))
                 .or(t.screen_objective),
+            slack: t
+                .full
+                .as_ref()
+                .or(t.screen.as_ref())
+                .map(|m| m.slack(limits))
+                .unwrap_or_default(),
         }
     }
 
@@ -446,8 +452,10 @@ impl<E: Evaluator> Runner<E> {
                     }
                     let ratio = Self::screen_to_full(&search);
                     let metric = self.metric();
-                    let history: Vec<Obs> =
-                        search.iter().map(|t| Self::obs(t, ratio, metric)).collect();
+                    let history: Vec<Obs> = search
+                        .iter()
+                        .map(|t| Self::obs(t, ratio, metric, &self.study.limits))
+                        .collect();
                     let p = match self.optimizer.propose(&history) {
                         Ok(p) => p,
                         Err(e) => {

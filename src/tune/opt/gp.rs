@@ -1,8 +1,9 @@
 //! Bayesian optimisation with a Gaussian process: Matérn 5/2 kernel over the unit-cube
 //! coordinates (numeric distance, 0/1 for categorical values, 1 between an inactive and an
 //! active parameter), hyper-parameters by marginal likelihood over a small grid, expected
-//! improvement on the log objective times the probability of feasibility from a second GP fit
-//! to ±1 labels of feasible vs failed-or-infeasible trials. The acquisition is maximised over
+//! improvement on the log objective times the probability of feasibility: a GP per latency
+//! limit on each run's measured slack (log measured / limit), and a GP fit to ±1 labels for
+//! what no slack explains (failed starts, crashes, missed success rates). The acquisition is maximised over
 //! random and local candidates, then refined with argmin's simulated annealing.
 
 use std::cell::RefCell;
@@ -41,20 +42,52 @@ struct Model {
     x: Vec<Vec<Coord>>,
     chol: Vec<Vec<f64>>,
     alpha: Vec<f64>,
-    ls: f64,
+    /// One length scale per coordinate (automatic relevance determination).
+    ls: Vec<f64>,
+    noise: f64,
     mean: f64,
     sd: f64,
 }
 
-fn kernel(a: &[Coord], b: &[Coord], ls: f64) -> f64 {
+fn kernel(a: &[Coord], b: &[Coord], ls: &[f64]) -> f64 {
     let r2: f64 = a
         .iter()
         .zip(b)
-        .map(|(x, y)| coord_distance(*x, *y).powi(2))
+        .zip(ls)
+        .map(|((x, y), l)| (coord_distance(*x, *y) / l).powi(2))
         .sum();
-    let r = r2.sqrt() / ls;
+    let r = r2.sqrt();
     let s5 = 5f64.sqrt() * r;
     (1.0 + s5 + 5.0 * r * r / 3.0) * (-s5).exp()
+}
+
+/// Factors by which a coordinate's length scale is tried around the isotropic fit; the last
+/// one makes the coordinate irrelevant.
+const ARD_FACTORS: [f64; 6] = [0.25, 0.5, 1.0, 2.0, 4.0, 1e3];
+/// Coordinate-descent passes over the length scales.
+const ARD_PASSES: usize = 2;
+
+/// The fit of `ys` with these hyper-parameters: the log marginal likelihood, the Cholesky
+/// factor and K⁻¹y.
+fn fit_with(
+    x: &[Vec<Coord>],
+    ys: &[f64],
+    ls: &[f64],
+    noise: f64,
+) -> Option<(f64, Vec<Vec<f64>>, Vec<f64>)> {
+    let n = ys.len();
+    let k: Vec<Vec<f64>> = (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| kernel(&x[i], &x[j], ls) + if i == j { noise + 1e-9 } else { 0.0 })
+                .collect()
+        })
+        .collect();
+    let chol = cholesky(&k)?;
+    let alpha = solve_upper_t(&chol, &solve_lower(&chol, ys));
+    let fit: f64 = ys.iter().zip(&alpha).map(|(a, b)| a * b).sum();
+    let logdet: f64 = (0..n).map(|i| chol[i][i].ln()).sum();
+    Some((-0.5 * fit - logdet, chol, alpha))
 }
 
 fn cholesky(k: &[Vec<f64>]) -> Option<Vec<Vec<f64>>> {
@@ -97,59 +130,75 @@ fn solve_upper_t(l: &[Vec<f64>], y: &[f64]) -> Vec<f64> {
 }
 
 impl Model {
-    /// Fits with the length scale and noise of highest marginal likelihood (or the given ones).
-    fn fit(x: Vec<Vec<Coord>>, y: &[f64], fixed: Option<(f64, f64)>) -> Option<Model> {
+    /// Fits with the hyper-parameters of highest marginal likelihood (or the given ones): an
+    /// isotropic length scale and the noise over a small grid, then, once there are more
+    /// trials than coordinates, one length scale per coordinate by coordinate descent over
+    /// `ARD_FACTORS` (a knob that does not matter gets a long one, and stops diluting the
+    /// distance between configurations that differ in the knobs that do).
+    fn fit(x: Vec<Vec<Coord>>, y: &[f64], fixed: Option<(&[f64], f64)>) -> Option<Model> {
         let n = y.len();
-        let dims = x.first().map(|v| v.len()).unwrap_or(1).max(1) as f64;
+        let d = x.first().map(|v| v.len()).unwrap_or(1).max(1);
         let mean = y.iter().sum::<f64>() / n as f64;
         let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
         let sd = if var > 1e-24 { var.sqrt() } else { 1.0 };
         let ys: Vec<f64> = y.iter().map(|v| (v - mean) / sd).collect();
-        let grid: Vec<(f64, f64)> = match fixed {
-            Some(f) => vec![f],
-            None => [0.1, 0.2, 0.35, 0.6, 1.0]
-                .iter()
-                .flat_map(|l| {
-                    [1e-4, 1e-2, 0.1]
-                        .iter()
-                        .map(move |nz| (l * dims.sqrt(), *nz))
-                })
-                .collect(),
-        };
-        let mut best: Option<(f64, Model)> = None;
-        for (ls, noise) in grid {
-            let k: Vec<Vec<f64>> = (0..n)
-                .map(|i| {
-                    (0..n)
-                        .map(|j| kernel(&x[i], &x[j], ls) + if i == j { noise + 1e-9 } else { 0.0 })
-                        .collect()
-                })
-                .collect();
-            let Some(chol) = cholesky(&k) else { continue };
-            let alpha = solve_upper_t(&chol, &solve_lower(&chol, &ys));
-            let fit: f64 = ys.iter().zip(&alpha).map(|(a, b)| a * b).sum();
-            let logdet: f64 = (0..n).map(|i| chol[i][i].ln()).sum();
-            let lml = -0.5 * fit - logdet;
-            if best.as_ref().is_none_or(|(b, _)| lml > *b) {
-                best = Some((
+        let model = |lml_fit: Option<(f64, Vec<Vec<f64>>, Vec<f64>)>, ls: Vec<f64>, noise| {
+            lml_fit.map(|(lml, chol, alpha)| {
+                (
                     lml,
                     Model {
                         x: x.clone(),
                         chol,
                         alpha,
                         ls,
+                        noise,
                         mean,
                         sd,
                     },
-                ));
+                )
+            })
+        };
+        if let Some((ls, noise)) = fixed {
+            return model(fit_with(&x, &ys, ls, noise), ls.to_vec(), noise).map(|(_, m)| m);
+        }
+        let mut best: Option<(f64, Model)> = None;
+        for l in [0.1, 0.2, 0.35, 0.6, 1.0] {
+            for noise in [1e-4, 1e-2, 0.1] {
+                let ls = vec![l * (d as f64).sqrt(); d];
+                if let Some((lml, m)) = model(fit_with(&x, &ys, &ls, noise), ls, noise) {
+                    if best.as_ref().is_none_or(|(b, _)| lml > *b) {
+                        best = Some((lml, m));
+                    }
+                }
             }
         }
-        best.map(|(_, m)| m)
+        let (mut lml, mut m) = best?;
+        if n > d + 1 {
+            let base = m.ls.clone();
+            for _ in 0..ARD_PASSES {
+                for i in 0..d {
+                    for f in ARD_FACTORS {
+                        let mut ls = m.ls.clone();
+                        ls[i] = base[i] * f;
+                        if ls[i] == m.ls[i] {
+                            continue;
+                        }
+                        if let Some((l2, m2)) = model(fit_with(&x, &ys, &ls, m.noise), ls, m.noise)
+                        {
+                            if l2 > lml {
+                                (lml, m) = (l2, m2);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Some(m)
     }
 
     /// Posterior mean and standard deviation in the standardised scale.
     fn predict(&self, c: &[Coord]) -> (f64, f64) {
-        let ks: Vec<f64> = self.x.iter().map(|xi| kernel(xi, c, self.ls)).collect();
+        let ks: Vec<f64> = self.x.iter().map(|xi| kernel(xi, c, &self.ls)).collect();
         let mu: f64 = ks.iter().zip(&self.alpha).map(|(a, b)| a * b).sum();
         let v = solve_lower(&self.chol, &ks);
         let var = (1.0 - v.iter().map(|x| x * x).sum::<f64>()).max(1e-12);
@@ -162,6 +211,8 @@ struct Acquisition<'a> {
     space: &'a Space,
     obj: Model,
     feas: Option<Model>,
+    /// One model per latency limit of the slack (log measured / limit; feasible below 0).
+    slack: Vec<Model>,
     /// Best standardised target.
     best: f64,
     rng: RefCell<StdRng>,
@@ -183,6 +234,11 @@ impl Acquisition<'_> {
             }
             None => 1.0,
         };
+        let pf = self.slack.iter().fold(pf, |p, m| {
+            let (mu, s) = m.predict(c);
+            // Back to slack units: P(slack <= 0).
+            p * cdf(-(mu * m.sd + m.mean) / (s * m.sd).max(1e-9))
+        });
         let prior = (self.beta * log_density(self.priors, c)).exp();
         (ei.max(0.0) * pf * prior, ei.max(0.0))
     }
@@ -278,16 +334,43 @@ impl Optimizer for Gp {
                 expected_improvement: None,
             });
         };
-        let feas = if feasible.len() < history.len() {
+        // Feasibility: one GP per latency limit on the measured slack (log measured / limit)
+        // of every run that measured it, so the boundary is learnt from feasible and
+        // infeasible runs alike; and a classifier on ±1 labels for what no slack explains
+        // (a crash, a failed start, a missed success rate).
+        let limits = history.iter().map(|h| h.slack.len()).max().unwrap_or(0);
+        let mut slack_models = Vec::new();
+        for j in 0..limits {
+            let (xs, ys): (Vec<Vec<Coord>>, Vec<f64>) = history
+                .iter()
+                .filter_map(|h| {
+                    h.slack
+                        .get(j)
+                        .copied()
+                        .flatten()
+                        .filter(|v| v.is_finite())
+                        .map(|v| (encode(&self.space, &h.config), v))
+                })
+                .unzip();
+            if ys.len() >= 2 {
+                if let Some(m) = Model::fit(xs, &ys, None) {
+                    slack_models.push(m);
+                }
+            }
+        }
+        let unexplained = |h: &Obs| {
+            h.value.is_none() && (h.failed || slack_models.is_empty() || !h.missed_a_limit())
+        };
+        let feas = if history.iter().any(unexplained) {
             let xs: Vec<Vec<Coord>> = history
                 .iter()
                 .map(|h| encode(&self.space, &h.config))
                 .collect();
             let labels: Vec<f64> = history
                 .iter()
-                .map(|h| if h.value.is_some() { 1.0 } else { -1.0 })
+                .map(|h| if unexplained(h) { -1.0 } else { 1.0 })
                 .collect();
-            Model::fit(xs, &labels, Some((obj.ls, 0.05)))
+            Model::fit(xs, &labels, Some((&obj.ls, 0.05)))
         } else {
             None
         };
@@ -299,6 +382,7 @@ impl Optimizer for Gp {
             space: &self.space,
             obj,
             feas,
+            slack: slack_models,
             best,
             rng: RefCell::new(rng_for(self.seed ^ 0xA11EA1, history.len())),
             priors: &self.plan.priors,

@@ -77,6 +77,18 @@ pub struct Obs {
     /// The objective as measured even when a constraint was missed (what the run did reach).
     #[serde(default)]
     pub measured: Option<f64>,
+    /// Per latency limit of the study, in its order, how far the run was from it: the log of
+    /// measured / limit (above 0: missed). None where the run did not measure it. The GP
+    /// models each limit from these, so it learns where the boundary lies from every run.
+    #[serde(default)]
+    pub slack: Vec<Option<f64>>,
+}
+
+impl Obs {
+    /// Whether the run missed a latency limit (so its infeasibility is the slack models').
+    pub fn missed_a_limit(&self) -> bool {
+        self.slack.iter().flatten().any(|s| *s > 0.0)
+    }
 }
 
 /// A proposed configuration and why.
@@ -108,7 +120,7 @@ pub fn default_for(space: &Space) -> Algorithm {
 }
 
 /// The largest space the Gaussian process is the default for.
-pub const GP_MAX_DIMS: usize = 4;
+pub const GP_MAX_DIMS: usize = 6;
 
 /// What a study tells its optimiser beyond the space and the seed: its budget (the start-up
 /// design and the prior's fading scale with it) and the priors the workload implies, one per

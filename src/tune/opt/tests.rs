@@ -59,6 +59,7 @@ fn evaluate(c: &Config) -> Obs {
             value: None,
             failed: true,
             measured: None,
+            slack: Vec::new(),
         };
     }
     let m = match c.get("mode") {
@@ -72,6 +73,7 @@ fn evaluate(c: &Config) -> Obs {
         value: Some(v),
         failed: false,
         measured: Some(v),
+        slack: Vec::new(),
     }
 }
 
@@ -299,4 +301,47 @@ fn a_right_prior_speeds_the_search_and_a_wrong_one_does_not_stop_it() {
             k.name()
         );
     }
+}
+
+/// The objective rises with x (and peaks at y = 16), but a latency limit, latency = 2x, caps
+/// x at 0.6: the best feasible point is x = 0.6 on the boundary, as a TPOT SLO caps the batch.
+fn bounded(c: &Config, with_slack: bool) -> Obs {
+    let x = num(c, "x");
+    let y = num(c, "y").log2();
+    let v = 50.0 + 50.0 * x - 2.0 * (y - 4.0).powi(2);
+    let latency = 2.0 * x;
+    let ok = latency <= 1.2;
+    Obs {
+        config: c.clone(),
+        value: ok.then_some(v),
+        failed: false,
+        measured: Some(v),
+        slack: if with_slack {
+            vec![Some((latency.max(1e-3) / 1.2).ln())]
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+#[test]
+fn the_gp_learns_a_latency_boundary_from_the_measured_slack() {
+    // Within 2% of the best feasible value (80 at x = 0.6, y = 16), per seed, in 14 trials.
+    let reached = |with_slack: bool| {
+        (0..6)
+            .filter(|seed| {
+                let space = toy();
+                let mut opt = make(Algorithm::Gp, &space, *seed, &Plan::budget(14));
+                let mut hist = Vec::new();
+                for _ in 0..14 {
+                    let p = opt.propose(&hist).unwrap();
+                    hist.push(bounded(&p.config, with_slack));
+                }
+                best_value(&hist).unwrap_or(0.0) >= 0.98 * 80.0
+            })
+            .count()
+    };
+    let (with, without) = (reached(true), reached(false));
+    assert!(with >= 5, "with the slack: {with}/6 seeds");
+    assert!(with >= without, "with {with}, without {without}");
 }
