@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from remeasure import ROOT, one_run, welch  # noqa: E402
+from remeasure import ROOT, exit_on_sigterm, one_run, welch  # noqa: E402
 
 
 def main():
@@ -38,6 +38,7 @@ def main():
     a = p.parse_args()
     if a.rounds < 2:
         p.error("--rounds must be at least 2 for an interval")
+    exit_on_sigterm()
     bench = a.bench[1:] if a.bench[:1] == ["--"] else a.bench
     arms = [("defaults", a.base)] + [(flags, f"{a.base} {flags}") for flags in a.arm]
     workdir = tempfile.mkdtemp(prefix="ground-truth-")

@@ -49,6 +49,14 @@ def t975(df):
         return T975[max(below)] if df < 120 else 1.96
 
 
+def exit_on_sigterm():
+    """SIGTERM unwinds like an exception, so `one_run`'s `finally` stops the engine it
+    started (Python's default SIGTERM ends the process at once and leaves it running)."""
+    def handler(signum, _frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,6 +144,7 @@ def main():
     p.add_argument("--json", help="write every run here")
     p.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `servetune bench` flags")
     a = p.parse_args()
+    exit_on_sigterm()
     bench = a.bench[1:] if a.bench[:1] == ["--"] else a.bench
     workdir = tempfile.mkdtemp(prefix="remeasure-")
     runs = {"defaults": [], "candidate": []}

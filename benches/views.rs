@@ -118,6 +118,7 @@ fn study(id: &str, spec_text: String) -> StudyRecord {
         outcome: None,
         warm_start: vec![],
         log_params: vec![],
+        importance: None,
     }
 }
 

@@ -18,7 +18,8 @@ use crate::telemetry::TelemetrySummary;
 use crate::tune::decide::{Check, Comparison};
 use crate::tune::eval::{Measurement, TrialFailure};
 use crate::tune::records::{
-    BestRecord, Outcome, Phase, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus, WarmStart,
+    BestRecord, Importance, Outcome, Phase, Rounds, StudyRecord, TrialKind, TrialRecord,
+    TrialStatus, WarmStart,
 };
 use crate::tune::significance::Diff;
 
@@ -45,6 +46,9 @@ pub struct StudyV1 {
     pub warm_start: Vec<WarmStart>,
     /// The space's log-scaled parameters.
     pub log_params: Vec<String>,
+    /// Which knobs mattered in the search.
+    #[serde(default)]
+    pub importance: Option<Importance>,
 }
 
 /// The decision: what to run (or keep the defaults), and the evidence.
@@ -152,6 +156,7 @@ impl From<&StudyRecord> for StudyV1 {
             outcome: r.outcome.as_ref().map(OutcomeV1::from),
             warm_start: r.warm_start.clone(),
             log_params: r.log_params.clone(),
+            importance: r.importance.clone(),
         }
     }
 }

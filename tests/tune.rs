@@ -659,6 +659,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
                 outcome: None,
                 warm_start: vec![],
                 log_params: vec![],
+                importance: None,
             },
         )
         .unwrap();

@@ -160,8 +160,9 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
             let mut basis = format!(
                 "search: at most {left:.0} more trials × {mean:.0} s mean, then the re-measurement"
             );
-            if let (Some(w), Some(r)) = (wall_time_s, rec.as_ref()) {
-                let wall_left = (r.created + w - now).max(0.0);
+            if let Some(w) = wall_time_s {
+                // The study counts the seconds spent in trials, not the time it was paused.
+                let wall_left = (w - crate::tune::study::active_s(&trials)).max(0.0);
                 if wall_left < est {
                     est = wall_left;
                     basis = "search: the wall-time budget left, then the re-measurement".into();

@@ -6,8 +6,8 @@
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::{
-    blocks, change_text, charts, comparison_cells, config_text, disturbed_lines, leader_column,
-    mean_ci, primary_name, ReportData,
+    blocks, change_text, charts, comparison_cells, config_text, disturbed_lines, importance,
+    leader_column, mean_ci, primary_name, ReportData,
 };
 use crate::space::CommandLine;
 use crate::tune::decide::CheckState;
@@ -49,6 +49,7 @@ pub fn page(d: &ReportData) -> String {
                 (conclusion(d))
                 (environment(d))
                 (engines(d))
+                (mattered(d))
                 (options(d))
                 (trials(d))
                 (failures(d))
@@ -181,6 +182,21 @@ fn engines(d: &ReportData) -> Markup {
                 tr {
                     td { (e.engine) } td { (e.version.as_deref().unwrap_or("?")) }
                     td { (num(e.defaults)) } td { (num(e.best)) } td { (e.trials) }
+                }
+            }
+        }
+    }
+}
+
+fn mattered(d: &ReportData) -> Markup {
+    html! {
+        @if let Some((intro, rows)) = importance(d) {
+            h2 { "What mattered" }
+            p { (intro) }
+            table {
+                tr { th { "option" } th { "effect around the best" } th { "beyond the noise" } }
+                @for (param, effect, measurable) in rows {
+                    tr { td { (param) } td { (effect) } td { (measurable) } }
                 }
             }
         }

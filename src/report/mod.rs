@@ -676,6 +676,16 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
             e.trials
         );
     }
+    // What mattered.
+    if let Some((intro, rows)) = importance(d) {
+        let _ = writeln!(o, "\n## What mattered\n");
+        let _ = writeln!(o, "{intro}\n");
+        let _ = writeln!(o, "| option | effect around the best | beyond the noise |");
+        let _ = writeln!(o, "|---|---|---|");
+        for (param, effect, measurable) in rows {
+            let _ = writeln!(o, "| {param} | {effect} | {measurable} |");
+        }
+    }
     // Options.
     let _ = writeln!(o, "\n## Options explored\n");
     let _ = writeln!(
@@ -772,6 +782,32 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
 
 /// The conclusion table's column for the leader: "recommended" only when the gate recommended
 /// it.
+/// One row of "what mattered": the option, its effect, whether it is beyond the noise.
+type ImportanceRow = (String, String, &'static str);
+
+/// The "what mattered" section as text: its introduction, and per parameter (largest effect
+/// first) its name, effect and whether it stands out of the noise. None before the search
+/// has ended.
+fn importance(d: &ReportData) -> Option<(String, Vec<ImportanceRow>)> {
+    let imp = d.study.importance.as_ref()?;
+    let intro = format!(
+        "A model estimate from the {} search trials (the optimiser's Gaussian process on every run's objective): how much the objective changes as each option alone sweeps its range, the others held at the best trial's. The run-to-run noise the model fitted is {:.1}%; an option under twice that had no effect this study could measure.",
+        imp.trials, imp.noise_pct
+    );
+    let rows = imp
+        .effects
+        .iter()
+        .map(|e| {
+            (
+                e.param.clone(),
+                format!("{:.1}%", e.pct),
+                if e.measurable { "yes" } else { "no" },
+            )
+        })
+        .collect();
+    Some((intro, rows))
+}
+
 fn leader_column(d: &ReportData) -> String {
     match (d.recommended_trial, d.leader_trial) {
         (Some(r), _) => format!("recommended #{r}"),

@@ -760,7 +760,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         }
         (_, None) => {
             if input.candidates.is_empty() {
-                "keep the defaults: no configuration met the constraints and beat the defaults in the search".into()
+                "keep the defaults: no configuration other than the defaults met the constraints in the search".into()
             } else {
                 match &closest {
                     Some(c) => {
@@ -990,6 +990,23 @@ mod tests {
         assert_eq!(d.baseline_infeasible, None, "{d:?}");
         assert_eq!(d.recommended, Some(1), "{}", d.verdict);
         assert!(d.verdict.starts_with("run trial #1"), "{}", d.verdict);
+    }
+
+    #[test]
+    fn with_no_feasible_candidate_the_verdict_says_so_and_claims_no_comparison() {
+        // Candidates need only meet the constraints: none did, so none was compared with the
+        // defaults and the verdict must not say one failed to beat them.
+        let r = rules(&["tpot:mean:300"], &[]);
+        let mut b = Book::new(&r, &[0]);
+        for i in 0..3 {
+            b.round(&r, 0, i, meas(100.0, 200.0, 900.0));
+        }
+        let d = b.decide(&r, &["main"], &[], true);
+        assert_eq!(d.recommended, None);
+        assert_eq!(
+            d.verdict,
+            "keep the defaults: no configuration other than the defaults met the constraints in the search"
+        );
     }
 
     fn busy(mut m: Measurement, cores: f64) -> Measurement {

@@ -60,6 +60,22 @@ pub struct StudyRecord {
     /// The space's log-scaled parameters (the report draws their effect on a log axis).
     #[serde(default)]
     pub log_params: Vec<String>,
+    /// Which knobs mattered in the search (set when it ends).
+    #[serde(default)]
+    pub importance: Option<Importance>,
+}
+
+/// Which knobs mattered, estimated when the search ends: the GP's predicted spread of the
+/// objective as each parameter alone sweeps its range around the best trial
+/// (`opt::effects`), against the run-to-run noise it fitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Importance {
+    /// Largest first.
+    pub effects: Vec<super::opt::Effect>,
+    /// The noise the model fitted, % of the objective.
+    pub noise_pct: f64,
+    /// Search trials it was estimated from.
+    pub trials: usize,
 }
 
 /// A configuration a re-tune measures first: an earlier study's best or top trial, carried
@@ -584,6 +600,7 @@ pub(crate) mod fixtures {
             outcome: None,
             warm_start: vec![],
             log_params: vec![],
+            importance: None,
         }
     }
 }

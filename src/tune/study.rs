@@ -18,7 +18,8 @@ use super::decide::{self, Decision, Pending};
 use super::eval::{Evaluator, Measurement, RunSpec, TrialFailure};
 use super::opt::{self, Obs, Optimizer};
 use super::records::{
-    Outcome, Phase, Records, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus, WarmStart,
+    Importance, Outcome, Phase, Records, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus,
+    WarmStart,
 };
 use super::spec::{ObjectiveMetric, Study};
 use super::TuneError;
@@ -26,6 +27,15 @@ use crate::space::{CommandLine, Config, Kind, Space};
 use crate::store::Store;
 use crate::telemetry::TelemetrySummary;
 use crate::util::unix_now;
+
+/// Seconds a study has spent running trials (what `budget.wall_time_s` counts): the time it
+/// was paused or stopped between trials does not count.
+pub fn active_s(all: &[TrialRecord]) -> f64 {
+    let now = unix_now();
+    all.iter()
+        .map(|t| (t.ended.unwrap_or(now) - t.started).max(0.0))
+        .sum()
+}
 
 /// Times servetune may be killed while one trial runs before that trial counts as failed.
 pub const MAX_KILLS: u32 = 3;
@@ -128,6 +138,7 @@ impl<E: Evaluator> Runner<E> {
             best_objective: None,
             outcome: None,
             warm_start: self.warm.clone(),
+            importance: None,
             log_params: self
                 .space
                 .params
@@ -270,6 +281,34 @@ impl<E: Evaluator> Runner<E> {
         }
     }
 
+    /// Which knobs mattered in these search trials (`opt::effects`), said on the way.
+    fn importance(&mut self, search: &[TrialRecord]) -> Option<Importance> {
+        let ratio = Self::screen_to_full(search);
+        let history: Vec<Obs> = search
+            .iter()
+            .map(|t| Self::obs(t, ratio, self.metric(), &self.study.limits))
+            .collect();
+        let (effects, noise_pct) = opt::effects(&self.space, &history)?;
+        let said: Vec<String> = effects
+            .iter()
+            .filter(|e| e.measurable)
+            .map(|e| format!("{} {:.1}%", e.param, e.pct))
+            .collect();
+        self.say(&format!(
+            "what mattered (model estimate around the best trial, noise {noise_pct:.1}%): {}",
+            if said.is_empty() {
+                "no parameter beyond the noise".to_owned()
+            } else {
+                said.join(", ")
+            }
+        ));
+        Some(Importance {
+            effects,
+            noise_pct,
+            trials: search.len(),
+        })
+    }
+
     /// The median full/screen ratio of the promoted trials (1 without any).
     fn screen_to_full(search: &[TrialRecord]) -> f64 {
         let mut r: Vec<f64> = search
@@ -292,10 +331,7 @@ impl<E: Evaluator> Runner<E> {
     /// Seconds the study has spent running trials: the time it was paused or stopped between
     /// trials does not count against `budget.wall_time_s`.
     pub fn active_s(all: &[TrialRecord]) -> f64 {
-        let now = unix_now();
-        all.iter()
-            .map(|t| (t.ended.unwrap_or(now) - t.started).max(0.0))
-            .sum()
+        active_s(all)
     }
 
     /// The fewest search trials before convergence may stop the search: the file's
@@ -446,6 +482,7 @@ impl<E: Evaluator> Runner<E> {
                     if let Some(reason) = self.stop_reason(&search, &all, rec) {
                         self.say(&format!("search stopped: {reason}"));
                         rec.stop_reason = Some(reason);
+                        rec.importance = self.importance(&search);
                         rec.phase = Phase::Remeasure;
                         self.save(rec)?;
                         return Ok(());

@@ -12,6 +12,7 @@ use argmin::core::{CostFunction, Error as ArgminError, Executor, State};
 use argmin::solver::simulatedannealing::{Anneal, SimulatedAnnealing};
 use rand::rngs::StdRng;
 use rand::Rng;
+use serde::{Deserialize, Serialize};
 
 use super::prior::{exponent, log_density};
 use super::{guided, ranked, rng_for, Algorithm, Obs, Optimizer, Plan, Proposal};
@@ -497,4 +498,69 @@ impl<'a> Anneal for &Acquisition<'a> {
     fn anneal(&self, p: &Vec<f64>, extent: f64) -> Result<Vec<f64>, ArgminError> {
         (*self).anneal(p, extent)
     }
+}
+
+/// How much one parameter moves the objective near the best trial, by the GP's posterior mean.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Effect {
+    pub param: String,
+    /// The predicted objective's spread (max / min − 1, %) as this parameter alone sweeps its
+    /// range (9 points, or every value), the others held at the best trial's.
+    pub pct: f64,
+    /// Whether the spread exceeds twice the run-to-run noise the model fitted (in %): below
+    /// it, the study cannot tell the parameter's effect from noise.
+    pub measurable: bool,
+}
+
+/// The effect of every parameter around the best trial (sorted largest first), and the noise
+/// the model fitted (%), from the GP fit to every run's measured objective. None with fewer
+/// than 3 runs that measured the objective, or when the model cannot be fitted.
+pub fn effects(space: &Space, history: &[Obs]) -> Option<(Vec<Effect>, f64)> {
+    let ran: Vec<&Obs> = history
+        .iter()
+        .filter(|h| h.measured.is_some_and(|m| m > 0.0))
+        .collect();
+    if ran.len() < 3 {
+        return None;
+    }
+    // The log objective, as the optimiser models it: effects read as ratios.
+    let y: Vec<f64> = ran.iter().filter_map(|h| h.measured).map(f64::ln).collect();
+    let x: Vec<Vec<Coord>> = ran.iter().map(|h| encode(space, &h.config)).collect();
+    let m = Model::fit(x, &y, None)?;
+    let best = ranked(history)
+        .into_iter()
+        .map(|i| &history[i])
+        .find(|h| h.value.is_some() || h.measured.is_some())?;
+    let at = crate::tune::encode::complete(space, &encode(space, &best.config));
+    let mean_at = |c: &[Coord]| m.predict(c).0 * m.sd + m.mean;
+    let noise_pct = 100.0 * (m.noise.sqrt() * m.sd).exp_m1();
+    let mut out: Vec<Effect> = space
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let points: Vec<Coord> = match arity(p) {
+                Some(k) => (0..k).map(Coord::Cat).collect(),
+                None => (0..9).map(|j| Coord::Num(j as f64 / 8.0)).collect(),
+            };
+            let preds: Vec<f64> = points
+                .into_iter()
+                .map(|c| {
+                    let mut v = at.clone();
+                    v[i] = c;
+                    mean_at(&v)
+                })
+                .collect();
+            let hi = preds.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lo = preds.iter().cloned().fold(f64::INFINITY, f64::min);
+            let pct = 100.0 * (hi - lo).exp_m1();
+            Effect {
+                param: p.name.clone(),
+                pct,
+                measurable: pct > 2.0 * noise_pct,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.pct.total_cmp(&a.pct));
+    Some((out, noise_pct))
 }

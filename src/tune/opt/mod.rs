@@ -12,6 +12,7 @@ pub mod prior;
 pub mod reference;
 mod tpe;
 
+pub use gp::{effects, Effect};
 pub use prior::Prior;
 
 use std::collections::HashSet;
@@ -107,10 +108,10 @@ pub trait Optimizer {
 }
 
 /// The optimiser a study gets when its file names none, by the space's dimension, from
-/// `servetune search-bench` (benches/search-quality.md): the Gaussian process on small spaces
-/// (it reaches 2% of the optimum in 18-22 trials on the 3-parameter landscapes, even under a
-/// misleading prior, where TPE does not within 40), TPE on larger ones (ahead of the GP at 20
-/// trials on the 6- and 10-parameter landscapes).
+/// `servetune search-bench` (benches/search-quality.md): the Gaussian process up to 6
+/// parameters (with its slack models and per-coordinate length scales it is within 2% of the
+/// optimum by 10 trials on the 3-parameter landscapes, a misleading prior included, and ahead
+/// of TPE on the 6-parameter one), TPE above (ahead of the GP on the 10-parameter one).
 pub fn default_for(space: &Space) -> Algorithm {
     if space.params.len() <= GP_MAX_DIMS {
         Algorithm::Gp

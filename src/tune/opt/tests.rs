@@ -345,3 +345,38 @@ fn the_gp_learns_a_latency_boundary_from_the_measured_slack() {
     assert!(with >= 5, "with the slack: {with}/6 seeds");
     assert!(with >= without, "with {with}, without {without}");
 }
+
+#[test]
+fn the_effects_estimate_ranks_the_knobs_that_move_the_objective_and_not_the_idle_one() {
+    // x moves the objective by ~30% over its range, y by ~15%, mode not at all.
+    let space = toy();
+    let f = |c: &Config| {
+        let (x, y) = (num(c, "x"), num(c, "y").log2());
+        let v = 100.0 - 40.0 * (x - 0.7).powi(2) - 1.0 * (y - 4.0).powi(2);
+        Obs {
+            config: c.clone(),
+            value: Some(v),
+            failed: false,
+            measured: Some(v),
+            slack: Vec::new(),
+        }
+    };
+    let mut opt = make(Algorithm::Random, &space, 5, &Plan::budget(24));
+    let mut hist = Vec::new();
+    for _ in 0..24 {
+        let p = opt.propose(&hist).unwrap();
+        hist.push(f(&p.config));
+    }
+    let (found, noise) = effects(&space, &hist).expect("a model from 24 runs");
+    let names: Vec<&str> = found.iter().map(|e| e.param.as_str()).collect();
+    assert_eq!(names, ["x", "y", "mode"], "{found:?}");
+    assert!(
+        found[0].measurable && found[0].pct > 10.0,
+        "{found:?}"
+    );
+    assert!(
+        !found[2].measurable && found[2].pct < 1.0,
+        "{found:?} noise {noise}"
+    );
+    assert!(effects(&space, &hist[..2]).is_none());
+}

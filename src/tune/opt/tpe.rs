@@ -16,6 +16,9 @@ use crate::space::Space;
 use crate::tune::encode::{arity, decode, encode, random_config, random_coord, random_unit, Coord};
 use crate::tune::significance::cdf;
 
+/// The share of a parameter's candidate values drawn from its prior while the prior has its
+/// full weight (πBO's exponent at 1 or more).
+const PRIOR_DRAWS: f64 = 0.2;
 /// Candidates drawn from l per proposal.
 const CANDIDATES: usize = 32;
 
@@ -182,8 +185,12 @@ impl Optimizer for Tpe {
                 .map(|(i, p)| {
                     let prior = self.plan.priors.get(i).copied().flatten();
                     match prior {
-                        // A share of the draws from the prior keeps its region in reach.
-                        Some(pr) if rng.random_bool(0.2) => pr.quantile(rng.random_range(0.0..1.0)),
+                        // A share of the draws from the prior keeps its region in reach; it
+                        // fades with the prior's weight, so a wrong prior stops crowding
+                        // the candidates once the evidence is in.
+                        Some(pr) if rng.random_bool(PRIOR_DRAWS * beta.min(1.0)) => {
+                            pr.quantile(rng.random_range(0.0..1.0))
+                        }
                         _ if rng.random_bool(0.1) => random_coord(p, &mut rng),
                         _ => l[i].sample(&mut rng),
                     }
