@@ -260,4 +260,39 @@ mod tests {
             "{notes:?}"
         );
     }
+
+    #[test]
+    fn the_prior_point_keeps_the_engines_own_defaults_outside_the_searched_range() {
+        // Seen on the real decode study: --threads-batch's default is -1 (auto), outside its
+        // range 1..32; the prior's point ran it at 1 thread and read 25% below the defaults.
+        let space = Space::load(std::path::Path::new("search-spaces/llamacpp.toml")).unwrap();
+        let c16 = Shape {
+            concurrency: Some(16.0),
+            prompt_tokens: 32.0,
+            output_tokens: 128.0,
+        };
+        let plan = Plan {
+            budget: 12,
+            priors: resolve(&space, &[c16]).0,
+        };
+        let mut opt = crate::tune::opt::make(crate::tune::opt::Algorithm::Tpe, &space, 0, &plan);
+        let base = opt.propose(&[]).unwrap().config;
+        let obs = |c: &crate::space::Config| crate::tune::opt::Obs {
+            config: c.clone(),
+            value: Some(1.0),
+            failed: false,
+            measured: Some(1.0),
+            slack: Vec::new(),
+        };
+        let p = opt.propose(&[obs(&base)]).unwrap();
+        assert!(p.note.contains("the workload's prior"), "{}", p.note);
+        assert_eq!(p.config.get("parallel"), Some(&Value::Int(16)));
+        assert_eq!(
+            p.config.get("threads_batch"),
+            Some(&Value::Int(-1)),
+            "{:?}",
+            p.config
+        );
+        assert_eq!(p.config.get("ubatch_size"), Some(&Value::Int(512)));
+    }
 }

@@ -22,7 +22,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::space::{Config, Space};
-use crate::tune::encode::{arity, decode, encode, Coord};
+use crate::tune::encode::{arity, decode, Coord};
 
 /// Which optimiser a study uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -224,13 +224,13 @@ fn start_up(
         return out;
     }
     if plan.has_priors() {
-        let defaults = encode(space, &space.defaults());
-        let coords: Vec<Coord> = defaults
-            .iter()
-            .enumerate()
-            .map(|(i, d)| match plan.priors.get(i).copied().flatten() {
+        // The others at their defaults: `Off` decodes to the engine's own default, which may
+        // lie outside the searched range (llama.cpp's `-1` = auto), where a coordinate would
+        // clamp it to the range's end.
+        let coords: Vec<Coord> = (0..space.params.len())
+            .map(|i| match plan.priors.get(i).copied().flatten() {
                 Some(p) => p.mode(),
-                None => *d,
+                None => Coord::Off,
             })
             .collect();
         if let Ok(cfg) = decode(space, &coords) {

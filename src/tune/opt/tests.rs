@@ -370,10 +370,7 @@ fn the_effects_estimate_ranks_the_knobs_that_move_the_objective_and_not_the_idle
     let (found, noise) = effects(&space, &hist).expect("a model from 24 runs");
     let names: Vec<&str> = found.iter().map(|e| e.param.as_str()).collect();
     assert_eq!(names, ["x", "y", "mode"], "{found:?}");
-    assert!(
-        found[0].measurable && found[0].pct > 10.0,
-        "{found:?}"
-    );
+    assert!(found[0].measurable && found[0].pct > 10.0, "{found:?}");
     assert!(
         !found[2].measurable && found[2].pct < 1.0,
         "{found:?} noise {noise}"
