@@ -37,11 +37,11 @@ impl Landscape {
     fn shape(&self) -> Shape {
         let w = &self.workload;
         Shape {
-            concurrency: match w.max_concurrency {
-                Some(c) => Some(c.min(w.num_prompts) as f64),
-                None if w.request_rate.is_infinite() => Some(w.num_prompts as f64),
-                None => None,
-            },
+            concurrency: Shape::concurrency(
+                w.num_prompts,
+                w.max_concurrency,
+                w.request_rate.is_infinite(),
+            ),
             prompt_tokens: (w.input_len + w.prefix_len) as f64,
             output_tokens: w.output_len as f64,
         }

@@ -930,18 +930,31 @@ impl Space {
         *cfg = out;
     }
 
+    /// A study variable's value (a joint space keeps the variables in its members; names are
+    /// the same).
+    pub fn var(&self, name: &str) -> Option<i64> {
+        self.vars
+            .get(name)
+            .or_else(|| self.members.iter().find_map(|m| m.vars.get(name)))
+            .copied()
+    }
+
+    /// The names of the study variables (a joint space's: its members').
+    pub fn var_names(&self) -> Vec<&str> {
+        self.vars
+            .keys()
+            .chain(self.members.iter().flat_map(|m| m.vars.keys()))
+            .map(String::as_str)
+            .collect()
+    }
+
     /// The right-hand side of a constraint for a point, if it has one.
     fn rhs_value(&self, c: &Constraint, cfg: &Config) -> Option<i64> {
         if let Ok(n) = c.rhs.parse::<i64>() {
             return Some(n);
         }
         if let Some(v) = var_ref(&c.rhs) {
-            // A joint space keeps the variables in its members; names are the same.
-            return self
-                .vars
-                .get(v)
-                .or_else(|| self.members.iter().find_map(|m| m.vars.get(v)))
-                .copied();
+            return self.var(v);
         }
         match cfg.get(&c.rhs) {
             Some(Value::Int(r)) => Some(*r),

@@ -29,11 +29,11 @@ impl Shape {
     /// once at an infinite rate; random prompts at their upper length (`--random-range-ratio`
     /// widens both ways, as in vLLM) plus the shared prefix; ShareGPT at vLLM's filter bounds.
     pub fn of(b: &BenchArgs) -> Shape {
-        let concurrency = match b.max_concurrency {
-            Some(c) => Some(c.min(b.num_prompts) as f64),
-            None if b.request_rate.is_infinite() || b.closed_loop => Some(b.num_prompts as f64),
-            None => None,
-        };
+        let concurrency = Shape::concurrency(
+            b.num_prompts,
+            b.max_concurrency,
+            b.request_rate.is_infinite() || b.closed_loop,
+        );
         let (prompt, output) = match b.dataset_name {
             DatasetName::Random => {
                 let up = 1.0 + b.random_range_ratio.max(0.0);
@@ -52,6 +52,20 @@ impl Shape {
             concurrency,
             prompt_tokens: prompt.round(),
             output_tokens: output.round(),
+        }
+    }
+
+    /// The most requests in flight: the concurrency limit, else every prompt at once when they
+    /// are all sent at once; unknown for an open loop at a finite rate.
+    pub fn concurrency(
+        num_prompts: usize,
+        max_concurrency: Option<usize>,
+        all_at_once: bool,
+    ) -> Option<f64> {
+        match max_concurrency {
+            Some(c) => Some(c.min(num_prompts) as f64),
+            None if all_at_once => Some(num_prompts as f64),
+            None => None,
         }
     }
 
@@ -102,30 +116,18 @@ pub struct Resolved {
 pub fn resolve(space: &Space, shapes: &[Shape]) -> (Vec<Option<Prior>>, Vec<Resolved>) {
     let mut priors = Vec::new();
     let mut out = Vec::new();
+    let vars = space.var_names();
     for p in &space.params {
         let Some(spec) = &p.prior else {
             priors.push(None);
             continue;
         };
-        let engine_var = |name: &str| {
-            space
-                .vars
-                .get(name)
-                .or_else(|| space.members.iter().find_map(|m| m.vars.get(name)))
-                .map(|v| *v as f64)
-        };
-        let vars: Vec<&str> = space
-            .vars
-            .keys()
-            .chain(space.members.iter().flat_map(|m| m.vars.keys()))
-            .map(String::as_str)
-            .collect();
         let parsed = spec.at(p, &vars);
         let lower = matches!(parsed, Ok((_, true)));
         let value = match parsed.map(|(a, _)| a) {
             Ok(At::Value(v)) => Ok(v),
             Ok(At::Var { name, factor }) => {
-                match Shape::var(shapes, &name).or_else(|| engine_var(&name)) {
+                match Shape::var(shapes, &name).or_else(|| space.var(&name).map(|v| v as f64)) {
                     Some(x) => {
                         let x = x * factor;
                         let v = match p.kind {
@@ -228,14 +230,20 @@ mod tests {
         assert_eq!(Shape::var(&[s, open], "prompt_tokens"), Some(160.0));
     }
 
-    #[test]
-    fn llama_server_slots_resolve_to_the_concurrency_and_unknown_concurrency_is_left_out() {
+    /// The llama.cpp space and the decode study's workload (16 streams, 32 in, 128 out).
+    fn llama_decode() -> (Space, Shape) {
         let space = Space::load(std::path::Path::new("search-spaces/llamacpp.toml")).unwrap();
         let c16 = Shape {
             concurrency: Some(16.0),
             prompt_tokens: 32.0,
             output_tokens: 128.0,
         };
+        (space, c16)
+    }
+
+    #[test]
+    fn llama_server_slots_resolve_to_the_concurrency_and_unknown_concurrency_is_left_out() {
+        let (space, c16) = llama_decode();
         let (priors, notes) = resolve(&space, &[c16]);
         let i = space
             .params
@@ -265,12 +273,7 @@ mod tests {
     fn the_prior_point_keeps_the_engines_own_defaults_outside_the_searched_range() {
         // Seen on the real decode study: --threads-batch's default is -1 (auto), outside its
         // range 1..32; the prior's point ran it at 1 thread and read 25% below the defaults.
-        let space = Space::load(std::path::Path::new("search-spaces/llamacpp.toml")).unwrap();
-        let c16 = Shape {
-            concurrency: Some(16.0),
-            prompt_tokens: 32.0,
-            output_tokens: 128.0,
-        };
+        let (space, c16) = llama_decode();
         let plan = Plan {
             budget: 12,
             priors: resolve(&space, &[c16]).0,

@@ -281,13 +281,18 @@ impl<E: Evaluator> Runner<E> {
         }
     }
 
-    /// Which knobs mattered in these search trials (`opt::effects`), said on the way.
-    fn importance(&mut self, search: &[TrialRecord]) -> Option<Importance> {
+    /// What the optimiser learns from the search trials.
+    fn history(&self, search: &[TrialRecord]) -> Vec<Obs> {
         let ratio = Self::screen_to_full(search);
-        let history: Vec<Obs> = search
+        search
             .iter()
             .map(|t| Self::obs(t, ratio, self.metric(), &self.study.limits))
-            .collect();
+            .collect()
+    }
+
+    /// Which knobs mattered in these search trials (`opt::effects`), said on the way.
+    fn importance(&mut self, search: &[TrialRecord]) -> Option<Importance> {
+        let history = self.history(search);
         let (effects, noise_pct) = opt::effects(&self.space, &history)?;
         let said: Vec<String> = effects
             .iter()
@@ -328,12 +333,6 @@ impl<E: Evaluator> Runner<E> {
         r[r.len() / 2]
     }
 
-    /// Seconds the study has spent running trials: the time it was paused or stopped between
-    /// trials does not count against `budget.wall_time_s`.
-    pub fn active_s(all: &[TrialRecord]) -> f64 {
-        active_s(all)
-    }
-
     /// The fewest search trials before convergence may stop the search: the file's
     /// `min_trials`, raised to the optimiser's floor (`opt::convergence_floor`).
     fn min_trials(&self, rec: &StudyRecord) -> u32 {
@@ -359,7 +358,7 @@ impl<E: Evaluator> Runner<E> {
             return Some(format!("budget: {n} trials"));
         }
         if let Some(w) = spec.budget.wall_time_s {
-            let used = Self::active_s(all);
+            let used = active_s(all);
             if used >= w {
                 return Some(format!(
                     "budget: {used:.0} s of trials ≥ wall time {w:.0} s"
@@ -487,12 +486,7 @@ impl<E: Evaluator> Runner<E> {
                         self.save(rec)?;
                         return Ok(());
                     }
-                    let ratio = Self::screen_to_full(&search);
-                    let metric = self.metric();
-                    let history: Vec<Obs> = search
-                        .iter()
-                        .map(|t| Self::obs(t, ratio, metric, &self.study.limits))
-                        .collect();
+                    let history = self.history(&search);
                     let p = match self.optimizer.propose(&history) {
                         Ok(p) => p,
                         Err(e) => {

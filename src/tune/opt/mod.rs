@@ -253,16 +253,16 @@ fn start_up(
     }
     let arities: Vec<Option<usize>> = space.params.iter().map(arity).collect();
     let rest = n.saturating_sub(out.len());
+    let shaped = if plan.has_priors() {
+        ", prior-shaped"
+    } else {
+        ""
+    };
     for (i, coords) in prior::design(&arities, &plan.priors, rest, seed)
         .into_iter()
         .enumerate()
     {
         if let Ok(cfg) = decode(space, &coords) {
-            let shaped = if plan.has_priors() {
-                ", prior-shaped"
-            } else {
-                ""
-            };
             out.push((
                 cfg,
                 format!(
@@ -323,13 +323,11 @@ impl Optimizer for WithBaselines {
             .skip(k)
             .find(|(c, _)| !history.iter().any(|h| &h.config == c))
         {
-            if k < self.startup.len() {
-                return Ok(Proposal {
-                    config: c.clone(),
-                    note: note.clone(),
-                    expected_improvement: None,
-                });
-            }
+            return Ok(Proposal {
+                config: c.clone(),
+                note: note.clone(),
+                expected_improvement: None,
+            });
         }
         let p = self.inner.propose(history)?;
         let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();

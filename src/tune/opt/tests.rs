@@ -67,7 +67,14 @@ fn evaluate(c: &Config) -> Obs {
         Some(Value::Str(s)) if s == "c" => 0.8,
         _ => 0.6,
     };
-    let v = m * (100.0 - 80.0 * (x - 0.7).powi(2) - 2.0 * (y - 4.0).powi(2));
+    ran(
+        c,
+        m * (100.0 - 80.0 * (x - 0.7).powi(2) - 2.0 * (y - 4.0).powi(2)),
+    )
+}
+
+/// A run that met its constraints at value `v`.
+fn ran(c: &Config, v: f64) -> Obs {
     Obs {
         config: c.clone(),
         value: Some(v),
@@ -352,14 +359,10 @@ fn the_effects_estimate_ranks_the_knobs_that_move_the_objective_and_not_the_idle
     let space = toy();
     let f = |c: &Config| {
         let (x, y) = (num(c, "x"), num(c, "y").log2());
-        let v = 100.0 - 40.0 * (x - 0.7).powi(2) - 1.0 * (y - 4.0).powi(2);
-        Obs {
-            config: c.clone(),
-            value: Some(v),
-            failed: false,
-            measured: Some(v),
-            slack: Vec::new(),
-        }
+        ran(
+            c,
+            100.0 - 40.0 * (x - 0.7).powi(2) - 1.0 * (y - 4.0).powi(2),
+        )
     };
     let mut opt = make(Algorithm::Random, &space, 5, &Plan::budget(24));
     let mut hist = Vec::new();
