@@ -119,6 +119,7 @@ fn study(id: &str, spec_text: String) -> StudyRecord {
         warm_start: vec![],
         log_params: vec![],
         importance: None,
+        one_at_a_time: None,
     }
 }
 

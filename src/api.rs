@@ -49,6 +49,9 @@ pub struct StudyV1 {
     /// Which knobs mattered in the search.
     #[serde(default)]
     pub importance: Option<Importance>,
+    /// What the importance phase found and froze (None without the phase).
+    #[serde(default)]
+    pub one_at_a_time: Option<crate::tune::opt::oat::Findings>,
 }
 
 /// The decision: what to run (or keep the defaults), and the evidence.
@@ -157,6 +160,7 @@ impl From<&StudyRecord> for StudyV1 {
             warm_start: r.warm_start.clone(),
             log_params: r.log_params.clone(),
             importance: r.importance.clone(),
+            one_at_a_time: r.one_at_a_time.clone(),
         }
     }
 }

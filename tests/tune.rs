@@ -660,6 +660,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
                 warm_start: vec![],
                 log_params: vec![],
                 importance: None,
+                one_at_a_time: None,
             },
         )
         .unwrap();
@@ -988,4 +989,87 @@ fn a_study_without_an_optimiser_gets_the_benchmarks_choice_for_its_dimension() {
     );
     assert_eq!(servetune::tune::opt::default_for(&small), Algorithm::Gp);
     assert_eq!(servetune::tune::opt::default_for(&space), Algorithm::Tpe);
+}
+
+/// The importance phase on a simulated study: one trial per option, each alone away from the
+/// defaults, right after them; what it found stored with the study and in the report; the
+/// options it froze stay at their defaults for the rest of the search.
+#[tokio::test]
+async fn the_importance_phase_moves_each_option_alone_and_the_search_keeps_the_frozen_ones_at_their_defaults(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let text = study_text_with(
+        "sim-oat",
+        "gp",
+        "[importance]\none_at_a_time = true\nfreeze_below = 0.05\n",
+        "tpot:mean:30",
+        "\"max_num_seqs\", \"max_num_batched_tokens\", \"enable_chunked_prefill\", \"enable_prefix_caching\"",
+    );
+    let mut r = sim_runner_with(&store, text, "h100", "8b");
+    r.study.spec.budget.trials = 12;
+    let rec = r.run().await.unwrap();
+    let trials = Records::new(store.clone()).trials("sim-oat").unwrap();
+    let search: Vec<_> = trials
+        .iter()
+        .filter(|t| t.kind == records::TrialKind::Search)
+        .collect();
+    let defaults = r.space.defaults();
+    let f = rec.one_at_a_time.as_ref().expect("the phase's findings");
+    assert_eq!(f.moved.len(), 4, "{f:?}");
+    for (i, m) in f.moved.iter().enumerate() {
+        let t = search[1 + i];
+        assert!(t.note.contains("importance phase"), "{}", t.note);
+        let changed: Vec<&String> = t
+            .config
+            .iter()
+            .filter(|(k, v)| defaults.get(*k) != Some(*v))
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(changed, vec![&m.param], "trial {}: {:?}", t.seq, t.config);
+        assert_eq!(t.config.get(&m.param), Some(&m.value));
+    }
+    // max_num_seqs trades TPOT for throughput on this landscape: never frozen.
+    let seqs = f.moved.iter().find(|m| m.param == "max_num_seqs").unwrap();
+    assert!(!seqs.frozen, "{seqs:?}");
+    for m in f.moved.iter().filter(|m| m.frozen) {
+        for t in &search[5..] {
+            assert_eq!(
+                t.config.get(&m.param),
+                defaults.get(&m.param),
+                "{}",
+                m.param
+            );
+        }
+    }
+    let md = servetune::report::render(&store, "sim-oat", "md", None).unwrap();
+    assert!(md.contains("### One at a time from the defaults"), "{md}");
+    for m in &f.moved {
+        assert!(
+            md.contains(&format!("| {} | {} |", m.param, m.value)),
+            "{md}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_importance_phase_that_leaves_no_room_for_the_search_is_refused_before_any_trial() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let text = study_text(
+        "sim-oat-small",
+        "gp",
+        "[importance]\none_at_a_time = true\n",
+    );
+    let mut r = sim_runner_with(&store, text, "h100", "8b");
+    r.study.spec.budget.trials = 5;
+    let e = r.run().await.unwrap_err().to_string();
+    assert!(
+        e.contains("importance.one_at_a_time") && e.contains("budget.trials = 5"),
+        "{e}"
+    );
+    assert!(Records::new(store)
+        .trials("sim-oat-small")
+        .unwrap()
+        .is_empty());
 }

@@ -52,6 +52,7 @@ impl Landscape {
         Plan {
             budget,
             priors: prior::resolve(&self.space, &[self.shape()]).0,
+            ..Plan::default()
         }
     }
 }
@@ -298,6 +299,28 @@ fn trajectory(
     trajectory_warm(l, kind, seed, n, truths, Vec::new()).0
 }
 
+/// As `trajectory`, with the importance phase (`opt::oat`, its default threshold) before the
+/// search; None where the budget leaves the search fewer than 2 trials (a study refuses it).
+fn trajectory_oat(
+    l: &Landscape,
+    kind: Algorithm,
+    seed: u64,
+    n: usize,
+    truths: &mut HashMap<String, Option<f64>>,
+) -> Option<Vec<f64>> {
+    let mut plan = l.plan(n);
+    plan.one_at_a_time = Some(opt::oat::Settings {
+        freeze_below: OAT_FREEZE_BELOW,
+    });
+    if n < l.space.baselines().len() + opt::oat::moves(&l.space, &plan).len() + 2 {
+        return None;
+    }
+    Some(trajectory_plan(l, kind, seed, truths, Vec::new(), &plan).0)
+}
+
+/// `[importance] freeze_below`'s default.
+const OAT_FREEZE_BELOW: f64 = 0.03;
+
 /// As `trajectory`, with a warm start (measured after the baselines); also the history.
 fn trajectory_warm(
     l: &Landscape,
@@ -307,9 +330,22 @@ fn trajectory_warm(
     truths: &mut HashMap<String, Option<f64>>,
     warm: Vec<(Config, String)>,
 ) -> (Vec<f64>, Vec<Obs>) {
+    trajectory_plan(l, kind, seed, truths, warm, &l.plan(n))
+}
+
+/// As `trajectory_warm`, for a study of `plan` (its budget is the number of trials).
+fn trajectory_plan(
+    l: &Landscape,
+    kind: Algorithm,
+    seed: u64,
+    truths: &mut HashMap<String, Option<f64>>,
+    warm: Vec<(Config, String)>,
+    plan: &Plan,
+) -> (Vec<f64>, Vec<Obs>) {
+    let n = plan.budget;
     let mut o = Oracle::new(l, seed);
     std::mem::swap(&mut o.cache, truths);
-    let mut opt = opt::make_warm(kind, &l.space, seed, &l.plan(n), warm);
+    let mut opt = opt::make_warm(kind, &l.space, seed, plan, warm);
     let mut hist: Vec<Obs> = Vec::new();
     let mut out = Vec::new();
     let mut best: Option<(f64, Config)> = None;
@@ -610,6 +646,29 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             at,
         });
     }
+    {
+        // The same studies with the importance phase; a budget too small for it is refused
+        // (NaN: "-" in the table).
+        let mut at = vec![Vec::new(); CHECKPOINTS.len()];
+        let mut runs = Vec::new();
+        for s in 0..opts.seeds {
+            for (i, t) in CHECKPOINTS.iter().enumerate() {
+                let r = trajectory_oat(l, default, s, *t, &mut truths);
+                at[i].push(
+                    r.as_ref()
+                        .map_or(f64::NAN, |r| r.last().copied().unwrap_or(0.0)),
+                );
+                if i + 1 == CHECKPOINTS.len() {
+                    runs.push(r.unwrap_or_default());
+                }
+            }
+        }
+        rows.push(Row {
+            name: format!("default ({}) + importance phase", default.name()),
+            runs,
+            at,
+        });
+    }
     for kind in Algorithm::ALL {
         let n = if kind == Algorithm::Grid {
             grid_budget
@@ -686,16 +745,21 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
     for row in &rows {
         let within: Vec<f64> = row.runs.iter().map(|r| trials_to(r, optimum)).collect();
         let med = median(within);
+        let refused = |i: usize| row.at[i].iter().any(|v| v.is_nan());
         let gap = |i: usize| {
-            median(
+            if refused(i) {
+                return "-".to_string();
+            }
+            let g = median(
                 row.at[i]
                     .iter()
                     .map(|v| 100.0 * (1.0 - v / optimum))
                     .collect(),
-            )
+            );
+            format!("{g:.1}%")
         };
         let beats = |i: usize| {
-            if row.name == Algorithm::Random.name() {
+            if row.name == Algorithm::Random.name() || refused(i) {
                 return "-".to_string();
             }
             let wins = row.at[i]
@@ -707,7 +771,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1}% | {:.1}% | {:.1}% | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             row.name,
             if med.is_finite() {
                 format!("{med:.0}")

@@ -7,7 +7,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::{
     blocks, change_text, charts, comparison_cells, config_text, disturbed_lines, importance,
-    leader_column, mean_ci, primary_name, ReportData,
+    leader_column, mean_ci, one_at_a_time, primary_name, ReportData,
 };
 use crate::space::CommandLine;
 use crate::tune::decide::CheckState;
@@ -189,9 +189,29 @@ fn engines(d: &ReportData) -> Markup {
 }
 
 fn mattered(d: &ReportData) -> Markup {
+    let phase = one_at_a_time(d);
+    let estimate = importance(d);
     html! {
-        @if let Some((intro, rows)) = importance(d) {
+        @if phase.is_some() || estimate.is_some() {
             h2 { "What mattered" }
+        }
+        @if let Some((intro, rows)) = &phase {
+            h3 { "One at a time from the defaults" }
+            p { (intro) }
+            table {
+                tr {
+                    th { "option" } th { "moved to" } th { "objective" } th { "latency" }
+                    th { "for the search" }
+                }
+                @for r in rows {
+                    tr { @for c in r { td { (c) } } }
+                }
+            }
+            @if estimate.is_some() {
+                h3 { "Around the best trial" }
+            }
+        }
+        @if let Some((intro, rows)) = estimate {
             p { (intro) }
             table {
                 tr { th { "option" } th { "effect around the best" } th { "beyond the noise" } }

@@ -677,8 +677,27 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         );
     }
     // What mattered.
-    if let Some((intro, rows)) = importance(d) {
+    let phase = one_at_a_time(d);
+    let estimate = importance(d);
+    if phase.is_some() || estimate.is_some() {
         let _ = writeln!(o, "\n## What mattered\n");
+    }
+    if let Some((intro, rows)) = phase {
+        let _ = writeln!(o, "### One at a time from the defaults\n");
+        let _ = writeln!(o, "{intro}\n");
+        let _ = writeln!(
+            o,
+            "| option | moved to | objective | latency | for the search |"
+        );
+        let _ = writeln!(o, "|---|---|---|---|---|");
+        for r in rows {
+            let _ = writeln!(o, "| {} |", r.join(" | "));
+        }
+        if estimate.is_some() {
+            let _ = writeln!(o, "\n### Around the best trial\n");
+        }
+    }
+    if let Some((intro, rows)) = estimate {
         let _ = writeln!(o, "{intro}\n");
         let _ = writeln!(o, "| option | effect around the best | beyond the noise |");
         let _ = writeln!(o, "|---|---|---|");
@@ -790,10 +809,17 @@ type ImportanceRow = (String, String, &'static str);
 /// has ended.
 fn importance(d: &ReportData) -> Option<(String, Vec<ImportanceRow>)> {
     let imp = d.study.importance.as_ref()?;
-    let intro = format!(
+    let mut intro = format!(
         "A model estimate from the {} search trials (the optimiser's Gaussian process on every run's objective): how much the objective changes as each option alone sweeps its range, the others held at the best trial's. The run-to-run noise the model fitted is {:.1}%; an option under twice that had no effect this study could measure.",
         imp.trials, imp.noise_pct
     );
+    if imp.trials <= imp.effects.len() + 1 {
+        intro.push_str(&format!(
+            " With {} trials for {} options the model can fit any pattern, noise included: these estimates cannot tell an option's effect from noise, and none is marked beyond it.",
+            imp.trials,
+            imp.effects.len()
+        ));
+    }
     let rows = imp
         .effects
         .iter()
@@ -803,6 +829,55 @@ fn importance(d: &ReportData) -> Option<(String, Vec<ImportanceRow>)> {
                 format!("{:.1}%", e.pct),
                 if e.measurable { "yes" } else { "no" },
             )
+        })
+        .collect();
+    Some((intro, rows))
+}
+
+/// The importance phase as text: its introduction, and per move its option, value, the
+/// objective's and latency's change against the defaults, and what the search did with it.
+/// None without the phase (or before it ended).
+fn one_at_a_time(d: &ReportData) -> Option<(String, Vec<[String; 5]>)> {
+    let f = d.study.one_at_a_time.as_ref()?;
+    let frozen = f.frozen();
+    let against = match (f.reference, f.defaults_pct, f.noise_margin_pct) {
+        (Some(r), Some(dp), Some(e)) => format!(
+            "Each change is against the phase's reference, the median of its readings ({r:.2}; the defaults read {dp:+.1}% from it), and the readings' own margin of error (Lenth's method: most options do little, so the spread of the readings around their median is noise) is ±{e:.1}%: an option counts as having no effect when its move changed the objective and every latency limit by less than the larger of that and {:.1}%",
+            100.0 * f.freeze_below
+        ),
+        _ => format!(
+            "Each change is against the defaults' reading (too few readings to estimate the noise from them): an option counts as having no effect when its move changed the objective and every latency limit by less than {:.1}%",
+            100.0 * f.freeze_below
+        ),
+    };
+    let intro = format!(
+        "Before the search, each option was moved alone from the defaults, one trial each. {against}. Such an option, if it met or missed the constraints as the defaults did, was frozen at its default for the rest of the search: {}.",
+        if frozen.is_empty() {
+            "none was".to_owned()
+        } else {
+            frozen.join(", ")
+        }
+    );
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:+.1}%"));
+    let rows = f
+        .moved
+        .iter()
+        .map(|m| {
+            [
+                m.param.clone(),
+                m.value.to_string(),
+                pct(m.objective_pct),
+                pct(m.latency_pct),
+                format!(
+                    "{}: {}",
+                    if m.frozen {
+                        "frozen at its default"
+                    } else {
+                        "searched"
+                    },
+                    m.why
+                ),
+            ]
         })
         .collect();
     Some((intro, rows))

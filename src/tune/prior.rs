@@ -97,6 +97,12 @@ pub fn plan(study: &crate::tune::spec::Study, space: &Space) -> (Plan, Vec<Resol
         Plan {
             budget: study.spec.budget.trials as usize,
             priors,
+            one_at_a_time: study.spec.importance.one_at_a_time.then_some(
+                crate::tune::opt::oat::Settings {
+                    freeze_below: study.spec.importance.freeze_below,
+                },
+            ),
+            guided_from: None,
         },
         notes,
     )
@@ -277,6 +283,7 @@ mod tests {
         let plan = Plan {
             budget: 12,
             priors: resolve(&space, &[c16]).0,
+            ..Plan::default()
         };
         let mut opt = crate::tune::opt::make(crate::tune::opt::Algorithm::Tpe, &space, 0, &plan);
         let base = opt.propose(&[]).unwrap().config;

@@ -63,6 +63,10 @@ pub struct StudyRecord {
     /// Which knobs mattered in the search (set when it ends).
     #[serde(default)]
     pub importance: Option<Importance>,
+    /// What the importance phase found (set when its last move has been measured; None
+    /// without the phase).
+    #[serde(default)]
+    pub one_at_a_time: Option<super::opt::oat::Findings>,
 }
 
 /// Which knobs mattered, estimated when the search ends: the GP's predicted spread of the
@@ -601,6 +605,7 @@ pub(crate) mod fixtures {
             warm_start: vec![],
             log_params: vec![],
             importance: None,
+            one_at_a_time: None,
         }
     }
 }

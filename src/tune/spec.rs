@@ -36,6 +36,8 @@ pub struct StudySpec {
     #[serde(default)]
     pub screening: Screening,
     #[serde(default)]
+    pub importance: ImportanceSection,
+    #[serde(default)]
     pub remeasure: Remeasure,
     #[serde(default)]
     pub validation: Validation,
@@ -292,6 +294,34 @@ impl Default for Remeasure {
             top: top(),
             repeats: repeats(),
             max_repeats: max_repeats(),
+        }
+    }
+}
+
+/// The importance phase (`opt::oat`): before the search, one trial per parameter moved alone
+/// from the defaults; the parameters whose move changed nothing measurable are frozen at their
+/// defaults for the rest of the study.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportanceSection {
+    /// Run the phase (off by default: it costs a trial per parameter).
+    #[serde(default)]
+    pub one_at_a_time: bool,
+    /// A move that changed the objective and every latency limit by less than this (relative)
+    /// freezes its parameter. Set it above the run-to-run noise.
+    #[serde(default = "freeze_below")]
+    pub freeze_below: f64,
+}
+
+fn freeze_below() -> f64 {
+    0.03
+}
+
+impl Default for ImportanceSection {
+    fn default() -> Self {
+        ImportanceSection {
+            one_at_a_time: false,
+            freeze_below: freeze_below(),
         }
     }
 }
@@ -649,6 +679,12 @@ impl Study {
                     ),
                 ));
             }
+        }
+        if !(s.importance.freeze_below > 0.0 && s.importance.freeze_below < 1.0) {
+            return Err(field(
+                "importance.freeze_below",
+                format!("{} is not in (0, 1)", s.importance.freeze_below),
+            ));
         }
         if !(s.validation.tolerance >= 0.0 && s.validation.tolerance < 1.0) {
             return Err(field(

@@ -122,6 +122,7 @@ impl<E: Evaluator> Runner<E> {
             }
             return Ok(rec);
         }
+        self.check_phase_fits()?;
         let now = unix_now();
         let rec = StudyRecord {
             id: id.clone(),
@@ -139,6 +140,7 @@ impl<E: Evaluator> Runner<E> {
             outcome: None,
             warm_start: self.warm.clone(),
             importance: None,
+            one_at_a_time: None,
             log_params: self
                 .space
                 .params
@@ -154,6 +156,65 @@ impl<E: Evaluator> Runner<E> {
         };
         self.records.put_study(&rec)?;
         Ok(rec)
+    }
+
+    /// The importance phase must leave the search two trials at least.
+    fn check_phase_fits(&self) -> Result<(), TuneError> {
+        let moves = opt::oat::moves(&self.space, &self.plan).len();
+        if moves == 0 {
+            return Ok(());
+        }
+        let before = self.space.baselines().len() + self.warm.len();
+        let need = (before + moves + 2) as u32;
+        let budget = self.study.spec.budget.trials;
+        if budget < need {
+            return Err(TuneError::Spec(format!(
+                "importance.one_at_a_time: the phase moves {moves} parameters, a trial each, after {before} baseline and warm-start trial(s); budget.trials = {budget} leaves fewer than 2 trials for the search (raise it to {need} or more, or turn the phase off)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The importance phase's findings once its last move has been measured (said, and
+    /// stored with the study).
+    fn record_phase(
+        &mut self,
+        rec: &mut StudyRecord,
+        search: &[TrialRecord],
+    ) -> Result<(), TuneError> {
+        let Some(settings) = self.plan.one_at_a_time else {
+            return Ok(());
+        };
+        if rec.one_at_a_time.is_some() {
+            return Ok(());
+        }
+        let moves = opt::oat::moves(&self.space, &self.plan);
+        let history = self.history(search);
+        let Some(f) = opt::oat::assess(&self.space, &moves, settings, &history) else {
+            return Ok(());
+        };
+        let frozen = f.frozen();
+        let kept: Vec<String> = f
+            .moved
+            .iter()
+            .filter(|m| !m.frozen)
+            .map(|m| format!("{} ({})", m.param, m.why))
+            .collect();
+        self.say(&format!(
+            "importance phase: frozen at their defaults: {}; searched: {}",
+            if frozen.is_empty() {
+                "none".to_owned()
+            } else {
+                frozen.join(", ")
+            },
+            if kept.is_empty() {
+                "none".to_owned()
+            } else {
+                kept.join("; ")
+            }
+        ));
+        rec.one_at_a_time = Some(f);
+        self.save(rec)
     }
 
     fn save(&self, rec: &mut StudyRecord) -> Result<(), TuneError> {
@@ -301,7 +362,13 @@ impl<E: Evaluator> Runner<E> {
             .collect();
         self.say(&format!(
             "what mattered (model estimate around the best trial, noise {noise_pct:.1}%): {}",
-            if said.is_empty() {
+            if search.len() <= effects.len() + 1 {
+                format!(
+                    "{} trials are too few to tell {} options' effects from noise",
+                    search.len(),
+                    effects.len()
+                )
+            } else if said.is_empty() {
                 "no parameter beyond the noise".to_owned()
             } else {
                 said.join(", ")
@@ -433,12 +500,28 @@ impl<E: Evaluator> Runner<E> {
         for w in self.study.warnings.clone() {
             self.say(&format!("note: {w}"));
         }
-        if !self.priors.is_empty() {
+        let moves = opt::oat::moves(&self.space, &self.plan);
+        let phase = if moves.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<&str> = moves.iter().map(|m| m.param.as_str()).collect();
+            format!(
+                "an importance phase of {} trials (each of {} moved alone from the defaults; what moves nothing by {:.0}% is frozen), ",
+                moves.len(),
+                names.join(", "),
+                100.0 * self.study.spec.importance.freeze_below
+            )
+        };
+        if !self.priors.is_empty() || !moves.is_empty() {
             let said: Vec<String> = self.priors.iter().map(|p| p.note.clone()).collect();
+            let implies = if said.is_empty() {
+                String::new()
+            } else {
+                format!("the workload implies {}; ", said.join("; "))
+            };
             self.say(&format!(
-                "{}: the workload implies {}; {} start-up trials, then model-guided",
+                "{}: {implies}{phase}{} start-up trials, then model-guided",
                 self.algorithm.name(),
-                said.join("; "),
                 opt::startup_trials(
                     self.algorithm,
                     &self.space,
@@ -448,9 +531,10 @@ impl<E: Evaluator> Runner<E> {
             ));
         }
         let floor = self.min_trials(rec);
-        if floor > self.study.spec.stopping.min_trials {
+        // (Said only where it changes anything: a budget under the floor runs to its end.)
+        if floor > self.study.spec.stopping.min_trials && floor < self.study.spec.budget.trials {
             let msg = format!(
-                "note: stopping.min_trials = {} is below what the optimiser needs before convergence can be judged (its baselines, warm start and random start-up, then model-guided trials for {} parameters); convergence will not stop the search before trial {floor}",
+                "note: stopping.min_trials = {} is below what the optimiser needs before convergence can be judged (its baselines, warm start, importance phase and start-up design, then model-guided trials for {} parameters); convergence will not stop the search before trial {floor}",
                 self.study.spec.stopping.min_trials,
                 self.space.params.len()
             );
@@ -478,6 +562,7 @@ impl<E: Evaluator> Runner<E> {
                     t
                 }
                 None => {
+                    self.record_phase(rec, &search)?;
                     if let Some(reason) = self.stop_reason(&search, &all, rec) {
                         self.say(&format!("search stopped: {reason}"));
                         rec.stop_reason = Some(reason);

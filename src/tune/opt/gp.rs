@@ -508,7 +508,8 @@ pub struct Effect {
     /// range (9 points, or every value), the others held at the best trial's.
     pub pct: f64,
     /// Whether the spread exceeds twice the run-to-run noise the model fitted (in %): below
-    /// it, the study cannot tell the parameter's effect from noise.
+    /// it, the study cannot tell the parameter's effect from noise. Never with no more runs
+    /// than parameters + 1: the model can then fit any pattern and its noise means nothing.
     pub measurable: bool,
 }
 
@@ -534,6 +535,7 @@ pub fn effects(space: &Space, history: &[Obs]) -> Option<(Vec<Effect>, f64)> {
     let at = crate::tune::encode::complete(space, &encode(space, &best.config));
     let mean_at = |c: &[Coord]| m.predict(c).0 * m.sd + m.mean;
     let noise_pct = 100.0 * (m.noise.sqrt() * m.sd).exp_m1();
+    let determined = ran.len() > space.params.len() + 1;
     let mut out: Vec<Effect> = space
         .params
         .iter()
@@ -557,7 +559,7 @@ pub fn effects(space: &Space, history: &[Obs]) -> Option<(Vec<Effect>, f64)> {
             Effect {
                 param: p.name.clone(),
                 pct,
-                measurable: pct > 2.0 * noise_pct,
+                measurable: determined && pct > 2.0 * noise_pct,
             }
         })
         .collect();

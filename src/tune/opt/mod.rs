@@ -8,6 +8,7 @@
 
 mod anneal;
 mod gp;
+pub mod oat;
 pub mod prior;
 pub mod reference;
 mod tpe;
@@ -131,6 +132,12 @@ pub struct Plan {
     /// Search trials the study may run (`budget.trials`).
     pub budget: usize,
     pub priors: Vec<Option<Prior>>,
+    /// The importance phase (`oat`), when the study asks for it.
+    pub one_at_a_time: Option<oat::Settings>,
+    /// Where the model-guided trials start in the history, when the caller knows it better
+    /// than the space does (the search in a space the importance phase reduced); None: after
+    /// the baselines, the phase and the start-up.
+    pub guided_from: Option<usize>,
 }
 
 impl Plan {
@@ -139,6 +146,8 @@ impl Plan {
         Plan {
             budget,
             priors: Vec::new(),
+            one_at_a_time: None,
+            guided_from: None,
         }
     }
 
@@ -152,26 +161,33 @@ fn model_based(kind: Algorithm) -> bool {
     matches!(kind, Algorithm::Tpe | Algorithm::Gp)
 }
 
-/// Start-up trials a model-based optimiser runs after the baselines and the warm start: the
-/// workload's prior point (when the space has priors) and a space-filling design. They scale
-/// with the budget and the dimension: a quarter of the trials left (two at least), never more
-/// than one per parameter plus one, so that most of a small budget is model-guided.
+/// Start-up trials a model-based optimiser runs after the baselines, the warm start and the
+/// importance phase: the workload's prior point (when the space has priors) and a
+/// space-filling design. They scale with the budget and the dimension: a quarter of the trials
+/// left (two at least), never more than one per parameter plus one, so that most of a small
+/// budget is model-guided.
 pub fn startup_trials(kind: Algorithm, space: &Space, plan: &Plan, warm: usize) -> usize {
     if !model_based(kind) {
         return 0;
     }
-    let left = plan.budget.saturating_sub(space.baselines().len() + warm);
+    let left = plan
+        .budget
+        .saturating_sub(space.baselines().len() + warm + oat::moves(space, plan).len());
     let dims = space.params.len();
     left.div_ceil(4).clamp(2, dims + 1).min(left)
 }
 
 /// The fewest search trials before a convergence rule may stop a study: the baselines, the
-/// warm start and the optimiser's start-up, then at least as many model-guided trials as
-/// twice the number of parameters (five at least), so that the model has had its chance.
+/// warm start, the importance phase and the optimiser's start-up, then at least as many
+/// model-guided trials as twice the number of parameters (five at least), so that the model
+/// has had its chance.
 pub fn convergence_floor(kind: Algorithm, space: &Space, plan: &Plan, warm: usize) -> u32 {
     let dims = space.params.len();
-    (space.baselines().len() + warm + startup_trials(kind, space, plan, warm) + (2 * dims).max(5))
-        as u32
+    (space.baselines().len()
+        + warm
+        + oat::moves(space, plan).len()
+        + startup_trials(kind, space, plan, warm)
+        + (2 * dims).max(5)) as u32
 }
 
 /// Builds an optimiser.
@@ -189,36 +205,44 @@ pub fn make_warm(
     plan: &Plan,
     warm: Vec<(Config, String)>,
 ) -> Box<dyn Optimizer + Send> {
-    let inner: Box<dyn Optimizer + Send> = match kind {
-        Algorithm::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed, plan.clone())),
-        Algorithm::Gp => Box::new(gp::Gp::new(space.clone(), seed, plan.clone())),
+    let mut w = WithBaselines {
+        kind,
+        baselines: space.baselines(),
+        warm,
+        moves: oat::moves(space, plan),
+        space: space.clone(),
+        seed,
+        plan: plan.clone(),
+        search: None,
+    };
+    if w.moves.is_empty() {
+        w.search = Some(w.search_for(Vec::new()));
+    }
+    Box::new(w)
+}
+
+/// The optimiser of `kind` alone (no baselines, no start-up).
+fn inner(kind: Algorithm, space: &Space, seed: u64, plan: Plan) -> Box<dyn Optimizer + Send> {
+    match kind {
+        Algorithm::Tpe => Box::new(tpe::Tpe::new(space.clone(), seed, plan)),
+        Algorithm::Gp => Box::new(gp::Gp::new(space.clone(), seed, plan)),
         Algorithm::Anneal => Box::new(anneal::Anneal::new(space.clone(), seed)),
         Algorithm::Random => Box::new(reference::Random::new(space.clone(), seed)),
         Algorithm::Grid => Box::new(reference::Grid::new(space.clone(), seed)),
         Algorithm::Reports => Box::new(reference::Reports::new(space.clone())),
-    };
-    let startup = start_up(kind, space, seed, plan, warm.len());
-    Box::new(WithBaselines {
-        baselines: space.baselines(),
-        warm,
-        startup,
-        space: space.clone(),
-        seed,
-        inner,
-    })
+    }
 }
 
-/// The start-up proposals of a model-based optimiser (see `startup_trials`): the point the
-/// workload implies (every parameter with a prior at its mode, the others at their defaults),
-/// then a prior-shaped Latin hypercube.
+/// The `n` start-up proposals of a model-based optimiser (see `startup_trials`): the point
+/// the workload implies (every parameter with a prior at its mode, the others at their
+/// defaults), then a prior-shaped Latin hypercube.
 fn start_up(
     kind: Algorithm,
     space: &Space,
     seed: u64,
     plan: &Plan,
-    warm: usize,
+    n: usize,
 ) -> Vec<(Config, String)> {
-    let n = startup_trials(kind, space, plan, warm);
     let mut out: Vec<(Config, String)> = Vec::new();
     if n == 0 {
         return out;
@@ -276,16 +300,51 @@ fn start_up(
     out
 }
 
-/// The baselines first, then the warm-start points, then the start-up design; afterwards the
-/// inner optimiser, with a proposal that repeats an earlier trial replaced by a fresh random
-/// point (a repeat teaches nothing).
+/// The search after the importance phase: its start-up design and optimiser work in the
+/// space less the frozen parameters (all of it without the phase).
+struct Search {
+    frozen: Vec<String>,
+    space: Space,
+    startup: Vec<(Config, String)>,
+    inner: Box<dyn Optimizer + Send>,
+}
+
+/// The baselines first, then the warm-start points, then the importance phase's moves, then
+/// the start-up design; afterwards the inner optimiser, with a proposal that repeats an
+/// earlier trial replaced by a fresh random point (a repeat teaches nothing).
 struct WithBaselines {
+    kind: Algorithm,
     baselines: Vec<Config>,
     warm: Vec<(Config, String)>,
-    startup: Vec<(Config, String)>,
+    moves: Vec<oat::Move>,
     space: Space,
     seed: u64,
-    inner: Box<dyn Optimizer + Send>,
+    plan: Plan,
+    /// Built once the phase's findings are known (at once without the phase); rebuilt only
+    /// if they differ, which a history that grows never makes them.
+    search: Option<Search>,
+}
+
+impl WithBaselines {
+    fn search_for(&self, frozen: Vec<String>) -> Search {
+        let n = startup_trials(self.kind, &self.space, &self.plan, self.warm.len());
+        let (space, plan) = if self.moves.is_empty() {
+            (self.space.clone(), self.plan.clone())
+        } else {
+            let before = self.baselines.len() + self.warm.len() + self.moves.len();
+            let mut plan = oat::reduce_priors(&self.space, &self.plan, &frozen);
+            plan.guided_from = Some(before + n);
+            (oat::reduce(&self.space, &frozen), plan)
+        };
+        let mut startup = start_up(self.kind, &space, self.seed, &plan, n);
+        startup.retain_mut(|(c, _)| oat::fill(&self.space, &frozen, c).is_ok());
+        Search {
+            inner: inner(self.kind, &space, self.seed, plan),
+            frozen,
+            space,
+            startup,
+        }
+    }
 }
 
 impl Optimizer for WithBaselines {
@@ -312,12 +371,41 @@ impl Optimizer for WithBaselines {
                 expected_improvement: None,
             });
         }
+        let n = self.moves.len();
+        if let Some((i, m)) = self
+            .moves
+            .iter()
+            .enumerate()
+            .find(|(_, m)| !history.iter().any(|h| h.config == m.config))
+        {
+            return Ok(Proposal {
+                config: m.config.clone(),
+                note: format!(
+                    "importance phase {}/{n}: {} alone to {}",
+                    i + 1,
+                    m.param,
+                    m.value
+                ),
+                expected_improvement: None,
+            });
+        }
+        if let Some(settings) = self.plan.one_at_a_time {
+            let frozen = oat::assess(&self.space, &self.moves, settings, history)
+                .map(|f| f.frozen())
+                .unwrap_or_default();
+            if self.search.as_ref().is_none_or(|s| s.frozen != frozen) {
+                self.search = Some(self.search_for(frozen));
+            }
+        }
+        let Some(search) = self.search.as_mut() else {
+            return Err("no search after the importance phase".into());
+        };
         // The start-up design, by position: its k-th point once the history holds k of the
-        // trials that came after the baselines and the warm start (a point that repeats an
-        // earlier trial is passed over).
-        let before = self.baselines.len() + self.warm.len();
+        // trials that came after the baselines, the warm start and the phase (a point that
+        // repeats an earlier trial is passed over).
+        let before = self.baselines.len() + self.warm.len() + n;
         let k = history.len().saturating_sub(before);
-        if let Some((c, note)) = self
+        if let Some((c, note)) = search
             .startup
             .iter()
             .skip(k)
@@ -329,15 +417,16 @@ impl Optimizer for WithBaselines {
                 expected_improvement: None,
             });
         }
-        let p = self.inner.propose(history)?;
+        let mut p = search.inner.propose(history)?;
+        let valid = oat::fill(&self.space, &search.frozen, &mut p.config).is_ok();
         let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();
-        if !seen.contains(&key(&p.config)) {
+        if valid && !seen.contains(&key(&p.config)) {
             return Ok(p);
         }
         let mut rng = rng_for(self.seed ^ 0xD0_0B1E, history.len());
         for _ in 0..50 {
-            let c = self.space.sample(&mut rng)?;
-            if !seen.contains(&key(&c)) {
+            let mut c = search.space.sample(&mut rng)?;
+            if oat::fill(&self.space, &search.frozen, &mut c).is_ok() && !seen.contains(&key(&c)) {
                 return Ok(Proposal {
                     config: c,
                     note: format!("{} (already tried; random instead)", p.note),
@@ -353,7 +442,14 @@ impl Optimizer for WithBaselines {
 /// The number of model-guided trials in `history` (those after the baselines, the warm start
 /// and the start-up design), for the prior's fading.
 pub fn guided(kind: Algorithm, space: &Space, plan: &Plan, history_len: usize) -> usize {
-    history_len.saturating_sub(space.baselines().len() + startup_trials(kind, space, plan, 0))
+    if let Some(from) = plan.guided_from {
+        return history_len.saturating_sub(from);
+    }
+    history_len.saturating_sub(
+        space.baselines().len()
+            + oat::moves(space, plan).len()
+            + startup_trials(kind, space, plan, 0),
+    )
 }
 
 /// A canonical text of a configuration, for equality and hashing.
