@@ -320,13 +320,22 @@ fn breach(lim: &LatencyLimit, s: &[f64], z: f64) -> Option<String> {
     }
 }
 
-/// Lower bound of the Wilson score interval for a binomial proportion.
-fn wilson_lower(k: f64, n: f64, z: f64) -> f64 {
+/// The Wilson score interval (lower, upper) for a binomial proportion of `k` in `n`.
+pub fn wilson(k: f64, n: f64, z: f64) -> (f64, f64) {
     let p = k / n;
     let z2 = z * z;
     let centre = p + z2 / (2.0 * n);
     let margin = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    ((centre - margin) / (1.0 + z2 / n)).max(0.0)
+    let d = 1.0 + z2 / n;
+    (
+        ((centre - margin) / d).max(0.0),
+        ((centre + margin) / d).min(1.0),
+    )
+}
+
+/// Lower bound of the Wilson score interval for a binomial proportion.
+fn wilson_lower(k: f64, n: f64, z: f64) -> f64 {
+    wilson(k, n, z).0
 }
 
 /// Inverse of the standard normal distribution function.

@@ -254,8 +254,7 @@ pub fn pooled_violation(
     if measured.is_empty() {
         return Some("not measured".into());
     }
-    let done: usize = measured.iter().map(|m| m.completed).sum();
-    let sent: usize = measured.iter().map(|m| m.completed + m.failed).sum();
+    let (done, sent) = pooled_requests(measured);
     let rate = done as f64 / sent.max(1) as f64;
     if rate < min_success_rate {
         return Some(format!(
@@ -268,11 +267,7 @@ pub fn pooled_violation(
         ));
     }
     for l in limits {
-        let key = super::eval::latency_key(l);
-        let vals: Vec<f64> = measured
-            .iter()
-            .filter_map(|m| m.latencies_ms.get(&key).copied())
-            .collect();
+        let vals = readings(measured, l);
         if vals.is_empty() {
             continue;
         }
@@ -290,6 +285,22 @@ pub fn pooled_violation(
     None
 }
 
+/// Requests completed and sent, over every round.
+fn pooled_requests(measured: &[&Measurement]) -> (usize, usize) {
+    let done = measured.iter().map(|m| m.completed).sum();
+    let sent = measured.iter().map(|m| m.completed + m.failed).sum();
+    (done, sent)
+}
+
+/// A latency limit's statistic in each round that measured it.
+fn readings(measured: &[&Measurement], l: &LatencyLimit) -> Vec<f64> {
+    let key = super::eval::latency_key(l);
+    measured
+        .iter()
+        .filter_map(|m| m.latencies_ms.get(&key).copied())
+        .collect()
+}
+
 /// Whether the defaults' pooled violation (`pooled_violation`) is beyond doubt: a latency
 /// limit whose per-round readings put the lower end of a one-sided 97.5% interval for their
 /// mean above the limit, or a success rate whose upper Wilson bound (97.5%) is below the
@@ -301,19 +312,17 @@ pub fn violation_established(
     min_success_rate: f64,
     limits: &[LatencyLimit],
 ) -> Option<String> {
-    let done: usize = measured.iter().map(|m| m.completed).sum();
-    let sent: usize = measured.iter().map(|m| m.completed + m.failed).sum();
+    let (done, sent) = pooled_requests(measured);
     if sent > 0 {
-        let n = sent as f64;
-        let p = done as f64 / n;
-        let z = 1.959_964;
-        let upper =
-            (p + z * z / (2.0 * n) + z * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt())
-                / (1.0 + z * z / n);
+        let (_, upper) = crate::bench::abort::wilson(
+            done as f64,
+            sent as f64,
+            crate::bench::abort::normal_quantile(0.975),
+        );
         if upper < min_success_rate {
             return Some(format!(
                 "pooled success rate {:.2}% < {:.2}% ({} of {sent} requests failed over {} rounds; upper 97.5% bound {:.2}%)",
-                100.0 * p,
+                100.0 * done as f64 / sent as f64,
                 100.0 * min_success_rate,
                 sent - done,
                 measured.len(),
@@ -322,17 +331,12 @@ pub fn violation_established(
         }
     }
     for l in limits {
-        let key = super::eval::latency_key(l);
-        let vals: Vec<f64> = measured
-            .iter()
-            .filter_map(|m| m.latencies_ms.get(&key).copied())
-            .collect();
+        let vals = readings(measured, l);
         if vals.len() < 2 {
             continue;
         }
-        let n = vals.len() as f64;
-        let mean = vals.iter().sum::<f64>() / n;
-        let sd = (vals.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let (mean, sd, n) = super::significance::mean_sd(&vals);
+        let n = n as f64;
         let low = mean - super::significance::t95(n - 1.0) * sd / n.sqrt();
         if low > l.limit_ms {
             return Some(format!(

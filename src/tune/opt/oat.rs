@@ -168,16 +168,7 @@ pub const LENTH_MIN: usize = 8;
 pub const MAX_MARGIN: f64 = 0.25;
 
 fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
+    crate::bench::stats::Sorted::new(v).median()
 }
 
 /// The reference level of one engine's readings (logs: the defaults' and its moves') and the
@@ -227,7 +218,7 @@ pub fn assess(
         .iter()
         .map(|m| Some((find(&m.config)?, find(&m.baseline)?)))
         .collect::<Option<_>>()?;
-    let floor = (1.0 + settings.freeze_below).ln();
+    let floor = settings.freeze_below.ln_1p();
     let depended = depended_on(space);
     let reading = |o: &super::Obs| {
         o.measured
@@ -268,10 +259,20 @@ pub fn assess(
             .collect();
         (reference_and_margin(&objs), lat)
     };
+    // Once per engine, in the order of first appearance.
+    let mut by_base: Vec<(&Config, Scales)> = Vec::new();
+    for m in moves {
+        if !by_base.iter().any(|(b, _)| *b == &m.baseline) {
+            by_base.push((&m.baseline, scales(&m.baseline)));
+        }
+    }
     let pct = |l: f64| 100.0 * l.exp_m1();
     let mut moved = Vec::new();
     for (m, (o, b)) in moves.iter().zip(&observed) {
-        let (obj, lat) = scales(&m.baseline);
+        let Some((_, (obj, lat))) = by_base.iter().find(|(base, _)| *base == &m.baseline) else {
+            continue;
+        };
+        let obj = *obj;
         let margin = obj.map_or(0.0, |(_, e)| e).max(floor);
         let blind = obj.is_some_and(|(_, e)| e > MAX_MARGIN.ln_1p());
         let change = match (reading(o), obj) {
@@ -352,7 +353,7 @@ pub fn assess(
             why,
         });
     }
-    let first = scales(&moves[0].baseline).0;
+    let first = by_base.first().and_then(|(_, (obj, _))| *obj);
     let base = observed.first().map(|(_, b)| *b);
     Some(Findings {
         freeze_below: settings.freeze_below,

@@ -520,9 +520,7 @@ fn a_move_that_changes_feasibility_or_that_others_depend_on_is_never_frozen() {
     );
     let constrained = Space::parse(&text, "toy.toml").unwrap();
     let moves = oat::moves(&constrained, &plan);
-    let h: Vec<Obs> = std::iter::once(ran(&constrained.defaults(), 50.0))
-        .chain(moves.iter().map(|m| ran(&m.config, 50.0)))
-        .collect();
+    let h = phase_run(&constrained, &moves, 50.0, [50.0; 16]);
     let f = oat::assess(&constrained, &moves, settings, &h).unwrap();
     let get = |n: &str| f.moved.iter().find(|m| m.param == n).unwrap();
     assert!(
@@ -541,6 +539,19 @@ fn a_move_that_changes_feasibility_or_that_others_depend_on_is_never_frozen() {
     assert_eq!(cfg.get("y"), Some(&Value::Int(4)));
     assert_eq!(cfg.get("z"), Some(&Value::Int(4)), "{cfg:?}");
     assert!(frozen.contains(&"x".to_owned()));
+}
+
+/// The history of an importance phase: the defaults read `defaults`, then each move in turn
+/// one of `readings`, every run within the constraints.
+fn phase_run(
+    space: &Space,
+    moves: &[oat::Move],
+    defaults: f64,
+    readings: impl IntoIterator<Item = f64>,
+) -> Vec<Obs> {
+    std::iter::once(ran(&space.defaults(), defaults))
+        .chain(moves.iter().zip(readings).map(|(m, v)| ran(&m.config, v)))
+        .collect()
 }
 
 /// Nine integer options `p0`…`p8` (default 2, range 1–8).
@@ -567,15 +578,12 @@ fn the_importance_phase_judges_moves_against_the_readings_noise_not_one_reading_
     let moves = oat::moves(&space, &plan);
     assert_eq!(moves.len(), 9);
     let noise = [3.0, -4.0, 6.0, 0.0, -2.0, 5.0, -6.0, 1.0, 4.0];
-    let mut h = vec![ran(&space.defaults(), 88.0)];
-    for (i, m) in moves.iter().enumerate() {
-        let v = match i {
-            0 => 140.0,
-            4 => 70.0,
-            _ => 100.0 + noise[i],
-        };
-        h.push(ran(&m.config, v));
-    }
+    let readings = (0..9).map(|i| match i {
+        0 => 140.0,
+        4 => 70.0,
+        _ => 100.0 + noise[i],
+    });
+    let h = phase_run(&space, &moves, 88.0, readings);
     let f = oat::assess(&space, &moves, plan.one_at_a_time.unwrap(), &h).unwrap();
     let kept: Vec<&str> = f
         .moved
@@ -612,9 +620,7 @@ fn a_phase_whose_readings_are_too_noisy_freezes_nothing_and_says_so() {
     let readings = [
         208.3, 179.3, 187.8, 238.3, 264.1, 278.9, 269.1, 254.3, 268.8,
     ];
-    let h: Vec<Obs> = std::iter::once(ran(&space.defaults(), 206.1))
-        .chain(moves.iter().zip(readings).map(|(m, v)| ran(&m.config, v)))
-        .collect();
+    let h = phase_run(&space, &moves, 206.1, readings);
     let f = oat::assess(&space, &moves, plan.one_at_a_time.unwrap(), &h).unwrap();
     assert!(f.noise_margin_pct.unwrap() > 50.0, "{f:?}");
     assert!(f.frozen().is_empty(), "{f:#?}");
