@@ -1029,9 +1029,25 @@ async fn the_importance_phase_moves_each_option_alone_and_the_search_keeps_the_f
         assert_eq!(changed, vec![&m.param], "trial {}: {:?}", t.seq, t.config);
         assert_eq!(t.config.get(&m.param), Some(&m.value));
     }
+    // The defaults and the moves run in full whatever their screen reads (the phase compares
+    // full readings only); later trials are screened, and some never get the full run.
+    for t in &search[..5] {
+        assert!(
+            t.early_stop.is_some() || (t.promoted && t.full.is_some()),
+            "trial {}: promoted {}, full {}",
+            t.seq,
+            t.promoted,
+            t.full.is_some()
+        );
+    }
+    assert!(
+        search[5..].iter().any(|t| t.full.is_none()),
+        "screening never held a trial back: the check above proves nothing"
+    );
     // max_num_seqs trades TPOT for throughput on this landscape: never frozen.
     let seqs = f.moved.iter().find(|m| m.param == "max_num_seqs").unwrap();
     assert!(!seqs.frozen, "{seqs:?}");
+    assert!(!f.frozen().is_empty(), "nothing frozen: {f:#?}");
     for m in f.moved.iter().filter(|m| m.frozen) {
         for t in &search[5..] {
             assert_eq!(
@@ -1072,4 +1088,27 @@ async fn an_importance_phase_that_leaves_no_room_for_the_search_is_refused_befor
         .trials("sim-oat-small")
         .unwrap()
         .is_empty());
+}
+
+/// The grid enumerates the whole space's points and the reports' procedure moves one option
+/// at a time itself: neither searches the space the phase reduces, so a study that asks for
+/// both is refused before any trial, naming the optimisers that can.
+#[tokio::test]
+async fn an_importance_phase_with_an_optimiser_that_cannot_use_it_is_refused_before_any_trial() {
+    for algo in ["grid", "reports"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let name = format!("sim-oat-{algo}");
+        let text = study_text(&name, algo, "[importance]\none_at_a_time = true\n");
+        let mut r = sim_runner_with(&store, text, "h100", "8b");
+        r.study.spec.budget.trials = 20;
+        let e = r.run().await.unwrap_err().to_string();
+        assert!(
+            e.contains("importance.one_at_a_time")
+                && e.contains(&format!("the {algo} optimiser"))
+                && e.contains("gp, tpe"),
+            "{e}"
+        );
+        assert!(Records::new(store).trials(&name).unwrap().is_empty());
+    }
 }

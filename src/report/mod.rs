@@ -842,7 +842,7 @@ fn one_at_a_time(d: &ReportData) -> Option<(String, Vec<[String; 5]>)> {
     let frozen = f.frozen();
     let against = match (f.reference, f.defaults_pct, f.noise_margin_pct) {
         (Some(r), Some(dp), Some(e)) => format!(
-            "Each change is against the phase's reference, the median of its readings ({r:.2}; the defaults read {dp:+.1}% from it), and the readings' own margin of error (Lenth's method: most options do little, so the spread of the readings around their median is noise) is ±{e:.1}%: an option counts as having no effect when its move changed the objective and every latency limit by less than the larger of that and {:.1}%",
+            "Each change is against the phase's reference, the median of its readings ({r:.2}; the defaults read {dp:+.1}% from it), and the readings' own margin of error (Lenth's method: most options do little, so the spread around their median of the readings that met or missed the constraints as the defaults did is noise) is ±{e:.1}%: an option counts as having no effect when its move changed the objective and every latency limit by less than the larger of that and {:.1}%, and only while the defaults' own reading lies within that margin of the median (beyond it, most options may matter, or the defaults' run was off, and nothing is frozen). Every move ran in full, like the defaults",
             100.0 * f.freeze_below
         ),
         _ => format!(

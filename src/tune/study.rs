@@ -158,11 +158,28 @@ impl<E: Evaluator> Runner<E> {
         Ok(rec)
     }
 
-    /// The importance phase must leave the search two trials at least.
+    /// The importance phase must leave the search two trials at least, and serve an optimiser
+    /// that searches a reduced space: the grid enumerates the whole space's points and the
+    /// reports' procedure moves one option at a time itself, both matching their points
+    /// against the history by whole configuration.
     fn check_phase_fits(&self) -> Result<(), TuneError> {
         let moves = opt::oat::moves(&self.space, &self.plan).len();
         if moves == 0 {
             return Ok(());
+        }
+        if matches!(
+            self.algorithm,
+            opt::Algorithm::Grid | opt::Algorithm::Reports
+        ) {
+            return Err(TuneError::Spec(format!(
+                "importance.one_at_a_time: the {} optimiser does not search a reduced space ({}); turn the phase off or choose gp, tpe, anneal or random",
+                self.algorithm.name(),
+                if self.algorithm == opt::Algorithm::Grid {
+                    "it enumerates every point of the whole space"
+                } else {
+                    "it moves one option at a time itself"
+                }
+            )));
         }
         let before = self.space.baselines().len() + self.warm.len();
         let need = (before + moves + 2) as u32;
@@ -355,6 +372,11 @@ impl<E: Evaluator> Runner<E> {
     fn importance(&mut self, search: &[TrialRecord]) -> Option<Importance> {
         let history = self.history(search);
         let (effects, noise_pct) = opt::effects(&self.space, &history)?;
+        // The runs the model was fitted to (`opt::effects`): failed ones measured nothing.
+        let measured = history
+            .iter()
+            .filter(|h| h.measured.is_some_and(|m| m > 0.0))
+            .count();
         let said: Vec<String> = effects
             .iter()
             .filter(|e| e.measurable)
@@ -362,10 +384,9 @@ impl<E: Evaluator> Runner<E> {
             .collect();
         self.say(&format!(
             "what mattered (model estimate around the best trial, noise {noise_pct:.1}%): {}",
-            if search.len() <= effects.len() + 1 {
+            if measured <= effects.len() + 1 {
                 format!(
-                    "{} trials are too few to tell {} options' effects from noise",
-                    search.len(),
+                    "{measured} runs that measured the objective are too few to tell {} options' effects from noise",
                     effects.len()
                 )
             } else if said.is_empty() {
@@ -608,11 +629,15 @@ impl<E: Evaluator> Runner<E> {
                 .iter()
                 .filter_map(|t| t.objective)
                 .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))));
-            let is_baseline = self.space.baselines().contains(&trial.config);
+            // The defaults and the importance phase's moves run in full, whatever their
+            // screen reads: the phase compares its readings with one another, so none of them
+            // may be a screen's (shorter, noisier) reading.
+            let full = self.space.baselines().contains(&trial.config)
+                || moves.iter().any(|m| m.config == trial.config);
             let cancel = self.cancel.clone();
             match guarded(
                 cancel,
-                self.search_trial(&mut trial, &screens, best_full, is_baseline),
+                self.search_trial(&mut trial, &screens, best_full, full),
             )
             .await
             {
@@ -886,13 +911,15 @@ impl<E: Evaluator> Runner<E> {
         Ok(again)
     }
 
-    /// A search trial: start, screen, maybe the full run, stop.
+    /// A search trial: start, screen, maybe the full run, stop. `always_full` (the defaults
+    /// and the importance phase's moves): promoted whatever the screen reads, and a narrow
+    /// miss of the screen confirmed.
     async fn search_trial(
         &mut self,
         t: &mut TrialRecord,
         screens: &[f64],
         best_full: Option<f64>,
-        baseline: bool,
+        always_full: bool,
     ) -> Result<(), TuneError> {
         let spec = self.study.spec.clone();
         let metric = spec.objective.metric;
@@ -913,7 +940,7 @@ impl<E: Evaluator> Runner<E> {
             t.engine = Some(started.engine);
             t.engine_version = started.engine_version;
             let screen = self
-                .checked_run(t, frac, |m| baseline || screen_value(m) >= best_screen)
+                .checked_run(t, frac, |m| always_full || screen_value(m) >= best_screen)
                 .await?;
             t.early_stop = screen.violation(min_s, &limits);
             t.screen_objective = screen.objective(metric);
@@ -925,10 +952,10 @@ impl<E: Evaluator> Runner<E> {
             let mut all: Vec<f64> = screens.to_vec();
             all.push(v);
             all.sort_by(f64::total_cmp);
-            // Promote the top `promote` fraction of screened candidates (and every baseline).
+            // Promote the top `promote` fraction of screened candidates (and every trial run in full always).
             let cut = ((all.len() as f64) * (1.0 - spec.screening.promote)).floor() as usize;
             let threshold = all[cut.min(all.len() - 1)];
-            t.promoted = frac >= 1.0 || baseline || v >= threshold;
+            t.promoted = frac >= 1.0 || always_full || v >= threshold;
             if !t.promoted {
                 t.saved_s = screen.duration_s * (1.0 / frac - 1.0);
                 return Ok(());
@@ -938,7 +965,7 @@ impl<E: Evaluator> Runner<E> {
             } else {
                 // Promoted: its screen ranks it near the top, so a narrow miss is confirmed.
                 self.checked_run(t, 1.0, |m| {
-                    baseline
+                    always_full
                         || v >= best_screen
                         || best_full.is_none_or(|b| m.objective(metric).unwrap_or(0.0) >= b)
                 })

@@ -4,8 +4,13 @@
 //! nor any latency limit beyond the noise (`freeze_below` at least; from 8 readings on, the
 //! margin of error the readings themselves give, as in Lenth's method), nor whether the run
 //! met the constraints, is frozen at its default for the rest of the study, so the
-//! model-guided search works in fewer dimensions. The moves are ordinary search trials: they feed the model and the report's
-//! effect charts. Pure functions of (space, plan, history), like every proposal.
+//! model-guided search works in fewer dimensions. The margin's reference is the median of the
+//! readings, and it stands for the defaults only while their own reading lies within the
+//! margin of it; where it does not (most options moved the objective, or the defaults' run was
+//! disturbed), nothing of that engine is frozen. The noise comes from the readings that kept
+//! the defaults' feasibility; the moves run in full like the defaults (the runner sees to it).
+//! The moves are ordinary search trials: they feed the model and the report's effect charts.
+//! Pure functions of (space, plan, history), like every proposal.
 //!
 //! Where a move goes: to what the workload implies when a prior says so (the expert's first
 //! move), else to the far side of the range (the 20% or 80% point of the unit coordinate,
@@ -33,6 +38,9 @@ pub struct Move {
     pub value: Value,
     pub config: Config,
     pub baseline: Config,
+    /// The other parameters the space's `clamp` constraints moved with it (their value differs
+    /// from the baseline's): the move's effect is theirs too.
+    pub with: Vec<String>,
 }
 
 /// The unit coordinate a numeric move goes to on the side away from a default at `u`.
@@ -91,11 +99,17 @@ pub fn moves(space: &Space, plan: &Plan) -> Vec<Move> {
         if config == *base || out.iter().any(|m| m.config == config) {
             continue;
         }
+        let with = config
+            .iter()
+            .filter(|(k, v)| **k != p.name && base.get(*k).is_some_and(|b| b != *v))
+            .map(|(k, _)| k.clone())
+            .collect();
         out.push(Move {
             param: p.name.clone(),
             value,
             config,
             baseline: base.clone(),
+            with,
         });
     }
     out
@@ -107,6 +121,9 @@ pub struct Moved {
     pub param: String,
     /// The value it was moved to.
     pub value: Value,
+    /// The other parameters a constraint moved with it (empty for records written before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
     /// The objective's change against the phase's reference, % (None: not measured).
     pub objective_pct: Option<f64>,
     /// The largest change of a latency limit's statistic against its reference, % (None: no
@@ -200,10 +217,34 @@ fn reference_and_margin(logs: &[f64]) -> Option<(f64, f64)> {
     ))
 }
 
+/// One engine's scales: the objective's and each limit's reference and margin (logs), and why
+/// its moves cannot be judged against them, if they cannot.
+struct Scales {
+    objective: Option<(f64, f64)>,
+    limits: Vec<Option<(f64, f64)>>,
+    unanchored: Option<String>,
+}
+
+/// The parameters a `clamp` constraint bounds by another parameter (`lhs`): frozen at its
+/// default, such a parameter is still moved by the constraint when the other one moves.
+fn clamped_by_param(space: &Space, param: &str) -> Option<String> {
+    space
+        .constraints
+        .iter()
+        .find(|c| {
+            c.lhs == param && c.repair == "clamp" && space.params.iter().any(|p| p.name == c.rhs)
+        })
+        .map(|c| format!("{} {} {}", c.lhs, c.op, c.rhs))
+}
+
 /// The findings of the phase from `history`, None until every move of `moves` has been
 /// measured (a move and its baseline are found by configuration). Each move's change is
-/// measured against its engine's reference (`reference_and_margin`), and it counts as no
-/// effect below the larger of `freeze_below` and the margin of error.
+/// measured against its engine's reference (`reference_and_margin`, over the readings that
+/// met the constraints as the defaults did, or missed them as they did), and it counts as no
+/// effect below the larger of `freeze_below` and the margin of error. The reference is the
+/// readings' median only while the defaults read within that margin of it: otherwise most
+/// options may have moved the objective the same way (the median is then theirs, not the
+/// defaults'), or the defaults' reading was off, and the phase freezes nothing of that engine.
 pub fn assess(
     space: &Space,
     moves: &[Move],
@@ -231,8 +272,7 @@ pub fn assess(
         .map(|(o, b)| o.slack.len().max(b.slack.len()))
         .max()
         .unwrap_or(0);
-    // Per engine (baseline): the objective's and each limit's reference and margin.
-    type Scales = (Option<(f64, f64)>, Vec<Option<(f64, f64)>>);
+    let pct = |l: f64| 100.0 * l.exp_m1();
     let scales = |base: &Config| -> Scales {
         let group: Vec<&(&super::Obs, &super::Obs)> = moves
             .iter()
@@ -241,23 +281,77 @@ pub fn assess(
             .map(|(_, ob)| ob)
             .collect();
         let b = group.first().map(|(_, b)| *b);
-        let objs: Vec<f64> = b
+        // The defaults and the moves that kept their feasibility: a run that missed a
+        // constraint the defaults met (or met one they missed) is another regime, whose
+        // readings say nothing of the noise.
+        let pool: Vec<&super::Obs> = b
             .into_iter()
-            .chain(group.iter().map(|(o, _)| *o))
-            .filter_map(reading)
+            .chain(
+                group
+                    .iter()
+                    .map(|(o, _)| *o)
+                    .filter(|o| b.is_some_and(|b| o.value.is_some() == b.value.is_some())),
+            )
+            .filter(|o| !o.failed)
             .collect();
-        let lat = (0..limits)
+        let objective =
+            reference_and_margin(&pool.iter().filter_map(|o| reading(o)).collect::<Vec<_>>());
+        let limit_scales: Vec<Option<(f64, f64)>> = (0..limits)
             .map(|k| {
-                let v: Vec<f64> = b
-                    .into_iter()
-                    .chain(group.iter().map(|(o, _)| *o))
-                    .filter(|o| !o.failed)
+                let v: Vec<f64> = pool
+                    .iter()
                     .filter_map(|o| o.slack.get(k).copied().flatten())
                     .collect();
                 reference_and_margin(&v)
             })
             .collect();
-        (reference_and_margin(&objs), lat)
+        // The defaults' own level: the median of every reading of their configuration.
+        let runs: Vec<&super::Obs> = history
+            .iter()
+            .filter(|h| &h.config == base && !h.failed)
+            .collect();
+        let own = |v: Vec<f64>| (!v.is_empty()).then(|| median(&v));
+        let mut unanchored = None;
+        if let (Some((r, e)), Some(d)) = (
+            objective,
+            own(runs.iter().filter_map(|o| reading(o)).collect()),
+        ) {
+            let margin = e.max(floor);
+            if (d - r).abs() > margin {
+                unanchored = Some(format!(
+                    "the defaults read {:+.1}% from the phase's median, beyond its ±{:.1}% margin: most options may matter, or that reading of the defaults was off",
+                    pct(d - r),
+                    pct(margin)
+                ));
+            }
+        }
+        for (k, sc) in limit_scales.iter().enumerate() {
+            if unanchored.is_some() {
+                break;
+            }
+            let (Some((r, e)), Some(d)) = (
+                sc,
+                own(runs
+                    .iter()
+                    .filter_map(|o| o.slack.get(k).copied().flatten())
+                    .collect()),
+            ) else {
+                continue;
+            };
+            let margin = e.max(floor);
+            if (d - r).abs() > margin {
+                unanchored = Some(format!(
+                    "a latency limit's statistic of the defaults reads {:+.1}% from the phase's median, beyond its ±{:.1}% margin: most options may matter, or that reading of the defaults was off",
+                    pct(d - r),
+                    pct(margin)
+                ));
+            }
+        }
+        Scales {
+            objective,
+            limits: limit_scales,
+            unanchored,
+        }
     };
     // Once per engine, in the order of first appearance.
     let mut by_base: Vec<(&Config, Scales)> = Vec::new();
@@ -266,13 +360,12 @@ pub fn assess(
             by_base.push((&m.baseline, scales(&m.baseline)));
         }
     }
-    let pct = |l: f64| 100.0 * l.exp_m1();
     let mut moved = Vec::new();
     for (m, (o, b)) in moves.iter().zip(&observed) {
-        let Some((_, (obj, lat))) = by_base.iter().find(|(base, _)| *base == &m.baseline) else {
+        let Some((_, sc)) = by_base.iter().find(|(base, _)| *base == &m.baseline) else {
             continue;
         };
-        let obj = *obj;
+        let obj = sc.objective;
         let margin = obj.map_or(0.0, |(_, e)| e).max(floor);
         let blind = obj.is_some_and(|(_, e)| e > MAX_MARGIN.ln_1p());
         let change = match (reading(o), obj) {
@@ -280,20 +373,21 @@ pub fn assess(
             (Some(r), None) => reading(b).map(|rb| r - rb),
             _ => None,
         };
-        let latency = lat
+        let latency = sc
+            .limits
             .iter()
             .enumerate()
-            .filter_map(|(k, sc)| {
+            .filter_map(|(k, lsc)| {
                 let x = o.slack.get(k).copied().flatten()?;
-                let reference = match sc {
+                let reference = match lsc {
                     Some((reference, _)) => *reference,
                     None => b.slack.get(k).copied().flatten()?,
                 };
-                let limit_margin = sc.map_or(0.0, |(_, e)| e).max(floor);
+                let limit_margin = lsc.map_or(0.0, |(_, e)| e).max(floor);
                 Some((x - reference, limit_margin))
             })
             .max_by(|a, b| (a.0.abs() - a.1).total_cmp(&(b.0.abs() - b.1)));
-        let (frozen, why) = if o.failed {
+        let (frozen, mut why) = if o.failed {
             (false, "the engine failed with it".to_owned())
         } else if b.failed {
             (false, "the defaults failed: nothing to compare".to_owned())
@@ -315,6 +409,8 @@ pub fn assess(
                     100.0 * MAX_MARGIN
                 ),
             )
+        } else if let Some(reason) = &sc.unanchored {
+            (false, reason.clone())
         } else {
             match change {
                 None => (false, "the objective was not measured".to_owned()),
@@ -343,9 +439,18 @@ pub fn assess(
                 ),
             }
         };
+        if !m.with.is_empty() {
+            why = format!("{why} (a constraint moved {} with it)", m.with.join(", "));
+        }
+        if frozen {
+            if let Some(c) = clamped_by_param(space, &m.param) {
+                why = format!("{why}; the constraint {c} still clamps it");
+            }
+        }
         moved.push(Moved {
             param: m.param.clone(),
             value: m.value.clone(),
+            with: m.with.clone(),
             objective_pct: change.map(pct),
             latency_pct: latency.map(|(l, _)| pct(l)),
             margin_pct: pct(margin),
@@ -353,7 +458,7 @@ pub fn assess(
             why,
         });
     }
-    let first = by_base.first().and_then(|(_, (obj, _))| *obj);
+    let first = by_base.first().and_then(|(_, sc)| sc.objective);
     let base = observed.first().map(|(_, b)| *b);
     Some(Findings {
         freeze_below: settings.freeze_below,
