@@ -67,6 +67,9 @@ impl Launcher {
     }
 }
 
+/// The host memory an engine must have taken for its teardown to wait for it to come back.
+const HOST_WAIT_ABOVE: u64 = 2 << 30;
+
 /// A started engine of a trial.
 pub struct TrialEngine {
     pub ready: Ready,
@@ -76,6 +79,8 @@ pub struct TrialEngine {
     pub rendered: Rendered,
     pub log: PathBuf,
     baseline: Vec<(u32, u64)>,
+    /// The host's available memory before the launch (`telemetry::host_memory`).
+    host_available: Option<u64>,
     launcher: Launcher,
     /// Cleared once `stop` has torn the engine down and forgotten its record.
     armed: bool,
@@ -166,6 +171,7 @@ impl Launcher {
             self.telemetry.check_no_foreign(&[])?;
         }
         let baseline = self.telemetry.memory_used();
+        let host_available = crate::telemetry::host_memory::mem_available();
         let tag = new_tag();
         let log = dir.join("engine.log");
         let mut env = rendered.env.clone();
@@ -215,6 +221,7 @@ impl Launcher {
                 rendered,
                 log,
                 baseline,
+                host_available,
                 launcher: self.clone(),
                 armed: true,
             }),
@@ -266,14 +273,39 @@ impl TrialEngine {
     }
 
     /// SIGTERM, grace, SIGKILL; then no process of the group (or carrying the tag) may be
-    /// left, and the GPU memory must return to where it was before the launch.
+    /// left, and the GPU memory must return to where it was before the launch. The host's
+    /// memory is waited for too (the next engine must not start while the kernel still frees
+    /// this one's), but other processes may hold it: not getting it back is a warning.
     pub fn stop(mut self) -> Result<(), TrialError> {
+        let host_before_stop = crate::telemetry::host_memory::mem_available();
         self.teardown(Duration::from_secs(15))?;
         self.launcher.telemetry.wait_released(
             &self.baseline,
             512 << 20,
             self.launcher.release_timeout,
         )?;
+        // Only an engine that took a large share is waited for (vLLM's CPU KV cache, not a
+        // small model's few hundred MiB, which the next start does not miss).
+        let held = match (self.host_available, host_before_stop) {
+            (Some(before), Some(now)) => before.saturating_sub(now),
+            _ => 0,
+        };
+        if let (Some(before), true) = (self.host_available, held >= HOST_WAIT_ABOVE) {
+            let missing = crate::telemetry::host_memory::wait_released(
+                before,
+                self.launcher.release_timeout,
+                Duration::from_millis(100),
+                crate::telemetry::host_memory::mem_available,
+            );
+            if let Some(m) = missing {
+                tracing::warn!(
+                    "engine {}: {} MiB of host memory available before its launch are still taken {} s after it stopped (other processes, or memory the kernel has not freed yet)",
+                    self.tag,
+                    m >> 20,
+                    self.launcher.release_timeout.as_secs()
+                );
+            }
+        }
         Ok(())
     }
 }

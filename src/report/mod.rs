@@ -967,7 +967,12 @@ fn disturbed_lines(d: &ReportData) -> Vec<String> {
                 disturbed.push(format!("#{}: {r}", t.seq));
             }
         }
-        if set_aside.contains(&t.seq) {
+        if set_aside.contains(&t.seq) && t.status == TrialStatus::Failed {
+            disturbed.push(format!(
+                "#{}: set aside by the gate (it failed in a round in which the defaults failed too: the machine's failure, rerun)",
+                t.seq
+            ));
+        } else if set_aside.contains(&t.seq) {
             let cores = t
                 .full
                 .as_ref()

@@ -7,6 +7,7 @@
 //! the CPU's model and core count.
 
 pub mod host;
+pub mod host_memory;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -148,7 +148,8 @@ pub struct Decision {
     /// and within the tolerance) and other workloads exist: validation is due.
     #[serde(default)]
     pub validate: bool,
-    /// Rounds (trial numbers) set aside because other processes disturbed them.
+    /// Rounds (trial numbers) set aside: other processes disturbed them, or the run failed
+    /// in a round in which the defaults failed too (the machine's failure).
     #[serde(default)]
     pub set_aside: Vec<u32>,
     pub verdict: String,
@@ -174,6 +175,17 @@ struct Runs<'a> {
     failed: Vec<(u32, &'a TrialFailure)>,
     /// Rounds set aside: `(trial, foreign cores)`.
     disturbed: Vec<(u32, f64)>,
+    /// Failed runs set aside as the machine's (trials): on the primary workload, a round in
+    /// which the defaults failed too (they ran in the search, so the machine, not the
+    /// configuration, is the likelier cause: memory not yet released, a port taken).
+    machine: Vec<u32>,
+}
+
+impl Runs<'_> {
+    /// Whether any round of this arm was set aside, for foreign load or as the machine's.
+    fn any_set_aside(&self) -> bool {
+        !self.disturbed.is_empty() || !self.machine.is_empty()
+    }
 }
 
 fn runs<'a>(
@@ -181,13 +193,25 @@ fn runs<'a>(
     trials: &'a [TrialRecord],
     workloads: &[String],
     wi: usize,
-    arm: u32,
+    (base, arm): (u32, u32),
 ) -> Runs<'a> {
     let mut out = Runs {
         measured: Vec::new(),
         failed: Vec::new(),
         disturbed: Vec::new(),
+        machine: Vec::new(),
     };
+    // The primary workload's rounds in which the defaults' run failed.
+    let machine_rounds: Vec<u32> = trials
+        .iter()
+        .filter(|t| t.status == TrialStatus::Failed)
+        .filter_map(|t| match &t.kind {
+            TrialKind::Remeasure { candidate, round } if wi == 0 && *candidate == base => {
+                Some(*round)
+            }
+            _ => None,
+        })
+        .collect();
     for t in trials {
         let mine = match &t.kind {
             TrialKind::Remeasure { candidate, .. } => wi == 0 && *candidate == arm,
@@ -203,11 +227,13 @@ fn runs<'a>(
         }
         match t.status {
             TrialStatus::Running => {}
-            TrialStatus::Failed => {
-                if let Some(f) = &t.failure {
-                    out.failed.push((t.seq, f));
+            TrialStatus::Failed => match (&t.kind, &t.failure) {
+                (TrialKind::Remeasure { round, .. }, _) if machine_rounds.contains(round) => {
+                    out.machine.push(t.seq);
                 }
-            }
+                (_, Some(f)) => out.failed.push((t.seq, f)),
+                (_, None) => {}
+            },
             TrialStatus::Ok | TrialStatus::Infeasible => match &t.full {
                 Some(m) if m.disturbed(rules.max_foreign_cores) => out
                     .disturbed
@@ -410,6 +436,7 @@ fn workload_checks(
     base: &Runs,
     cand: &Runs,
     primary: bool,
+    no_defaults: bool,
 ) -> Vec<Check> {
     let mut out = Vec::new();
     let fallback = base
@@ -436,11 +463,15 @@ fn workload_checks(
                     f: &dyn Fn(&Measurement) -> Option<f64>| {
         let (b, c) = (vals(base, f), vals(cand, f));
         let diff = (!b.is_empty() && !c.is_empty()).then(|| welch_with_resolution(&c, &b, res));
-        let state = match (&diff, gate) {
+        // Defaults that did not start give nothing to compare with: the check informs, and
+        // the candidate is judged on its constraints alone.
+        let state = match (&diff, gate && !no_defaults) {
             (Some(d), true) => check_state(d, higher, rules.tolerance),
             (None, true) => CheckState::Inconclusive,
             (_, false) => CheckState::Info,
         };
+        let note = (gate && no_defaults)
+            .then(|| "the defaults did not start: nothing to compare with".to_owned());
         out.push(Check {
             workload: name.to_owned(),
             key: key.to_owned(),
@@ -450,8 +481,8 @@ fn workload_checks(
             candidate: c,
             diff,
             state,
-            gate,
-            note: None,
+            gate: gate && !no_defaults,
+            note,
         });
     };
     let res = resolution(&base.measured).max(resolution(&cand.measured));
@@ -543,6 +574,13 @@ fn alone(v: &[f64]) -> Diff {
 }
 
 fn pct(d: &Diff) -> String {
+    if d.n_b == 0 || !d.pct.is_finite() {
+        // Nothing to compare with (the defaults did not start): the level and its interval.
+        return format!(
+            "{:.2} (95% CI {:.2} to {:.2}; no defaults to compare with)",
+            d.mean_a, d.low, d.high
+        );
+    }
     format!(
         "{:+.1}% (95% CI {:+.1}% to {:+.1}%)",
         d.pct, d.pct_low, d.pct_high
@@ -562,7 +600,13 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     // Defaults that did not start (a classified engine failure) have nothing to compare with:
     // candidates are judged on their own constraints.
     let base_failed_to_start = failed_to_start(base);
-    let base_runs = runs(rules, input.trials, input.workloads, 0, base.seq);
+    let base_runs = runs(
+        rules,
+        input.trials,
+        input.workloads,
+        0,
+        (base.seq, base.seq),
+    );
     let baseline_infeasible = if base_failed_to_start {
         Some(match &base.failure {
             Some(f) => format!(
@@ -574,9 +618,9 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         })
     } else if base_runs.measured.is_empty()
         && base_runs.failed.is_empty()
-        && !base_runs.disturbed.is_empty()
+        && base_runs.any_set_aside()
     {
-        // Every round of the defaults was disturbed: unknown, not infeasible.
+        // Every round of the defaults was set aside: unknown, not infeasible.
         None
     } else if !base_runs.failed.is_empty() {
         pooled_violation(
@@ -598,7 +642,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         .candidates
         .iter()
         .map(|&c| {
-            let r = runs(rules, input.trials, input.workloads, 0, c);
+            let r = runs(rules, input.trials, input.workloads, 0, (base.seq, c));
             let cvals: Vec<f64> = r
                 .measured
                 .iter()
@@ -616,9 +660,9 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                 significant: false,
                 disqualified: if r.measured.is_empty()
                     && r.failed.is_empty()
-                    && !r.disturbed.is_empty()
+                    && r.any_set_aside()
                 {
-                    Some("every round was disturbed by other processes".into())
+                    Some("every round was set aside (disturbed by other processes, or the defaults failed in it too)".into())
                 } else {
                     pooled_violation(
                         &r.measured,
@@ -671,19 +715,38 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     let mut checks = Vec::new();
     if let Some(l) = &leader {
         for (wi, name) in input.workloads.iter().enumerate() {
-            let b = runs(rules, input.trials, input.workloads, wi, base.seq);
-            let c = runs(rules, input.trials, input.workloads, wi, l.candidate);
+            let b = runs(
+                rules,
+                input.trials,
+                input.workloads,
+                wi,
+                (base.seq, base.seq),
+            );
+            let c = runs(
+                rules,
+                input.trials,
+                input.workloads,
+                wi,
+                (base.seq, l.candidate),
+            );
             // A validation workload not run yet is skipped; one whose rounds were all set
             // aside is not (its checks are inconclusive).
             let unrun = b.measured.is_empty()
                 && c.measured.is_empty()
                 && c.failed.is_empty()
-                && b.disturbed.is_empty()
-                && c.disturbed.is_empty();
+                && !b.any_set_aside()
+                && !c.any_set_aside();
             if wi > 0 && unrun {
                 continue;
             }
-            checks.extend(workload_checks(rules, name, &b, &c, wi == 0));
+            checks.extend(workload_checks(
+                rules,
+                name,
+                &b,
+                &c,
+                wi == 0,
+                base_failed_to_start,
+            ));
         }
     }
     let primary = input.workloads.first().cloned().unwrap_or_default();
@@ -708,20 +771,23 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     // leader: any candidate) is left with fewer than 2 undisturbed rounds of the primary
     // workload: no interval means anything then, and more rounds may be quiet.
     let mut set_aside: Vec<(u32, f64)> = Vec::new();
+    let mut machine: Vec<u32> = Vec::new();
     let (mut primary_set_aside, mut primary_rounds) = (0usize, 0usize);
     for (wi, _) in input.workloads.iter().enumerate() {
         for arm in std::iter::once(base.seq).chain(input.candidates.iter().copied()) {
-            let r = runs(rules, input.trials, input.workloads, wi, arm);
+            let r = runs(rules, input.trials, input.workloads, wi, (base.seq, arm));
             if wi == 0 {
-                primary_rounds += r.measured.len() + r.disturbed.len() + r.failed.len();
+                primary_rounds +=
+                    r.measured.len() + r.disturbed.len() + r.failed.len() + r.machine.len();
                 primary_set_aside += r.disturbed.len();
             }
             set_aside.extend(r.disturbed);
+            machine.extend(r.machine);
         }
     }
     let short = |arm: u32| {
-        let r = runs(rules, input.trials, input.workloads, 0, arm);
-        r.failed.is_empty() && r.measured.len() < 2 && !r.disturbed.is_empty()
+        let r = runs(rules, input.trials, input.workloads, 0, (base.seq, arm));
+        r.failed.is_empty() && r.measured.len() < 2 && r.any_set_aside()
     };
     let short_of_clean = (!base_failed_to_start && short(base.seq))
         || match &leader {
@@ -871,6 +937,23 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         .iter()
         .map(|d| d.1)
         .fold(0.0_f64, |a, b| if b.is_nan() { a } else { a.max(b) });
+    machine.sort_unstable();
+    machine.dedup();
+    let verdict = if machine.is_empty() {
+        verdict
+    } else if recommended.is_none() && short_of_clean && set_aside.is_empty() {
+        format!(
+            "keep the defaults: the defaults' own engine failed in re-measurement rounds (trials {}), so this machine could not run them{}; run the study again when the machine is quiet",
+            list(&machine),
+            if input.last { " at the round cap" } else { " so far" }
+        )
+    } else {
+        format!(
+            "{verdict} ({} failed run(s) set aside: the defaults failed in the same round, so the machine, not the configuration, failed: trials {})",
+            machine.len(),
+            list(&machine)
+        )
+    };
     let verdict = if set_aside.is_empty() {
         verdict
     } else if recommended.is_none() && short_of_clean {
@@ -894,9 +977,21 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         baseline_infeasible,
         pending,
         validate,
-        set_aside: set_aside.iter().map(|d| d.0).collect(),
+        set_aside: set_aside
+            .iter()
+            .map(|d| d.0)
+            .chain(machine.iter().copied())
+            .collect(),
         verdict,
     }
+}
+
+/// Trial numbers as `#3, #7`.
+fn list(seqs: &[u32]) -> String {
+    seqs.iter()
+        .map(|s| format!("#{s}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -1170,6 +1265,129 @@ mod tests {
         assert_eq!(d.comparisons[0].diff.as_ref().map(|x| x.n_b), Some(4));
         assert_eq!(d.baseline_infeasible, None, "{d:?}");
         assert_eq!(d.recommended, None, "{}", d.verdict);
+    }
+
+    /// A failed re-measurement run of `arm` in `round` (the engine's class and evidence).
+    fn failed_round(b: &mut Book, arm: u32, round: u32, class: &str, evidence: &str) {
+        let seq = 100 + b.trials.len() as u32;
+        let mut t = rec(
+            seq,
+            TrialKind::Remeasure {
+                round,
+                candidate: arm,
+            },
+            meas(0.0, 0.0, 0.0),
+            &rules(&[], &[]),
+        );
+        t.status = TrialStatus::Failed;
+        t.full = None;
+        t.objective = None;
+        t.failure = Some(TrialFailure {
+            class: class.into(),
+            evidence: evidence.into(),
+            log_excerpt: String::new(),
+        });
+        b.trials.push(t);
+    }
+
+    /// Seen on real vLLM (CPU build, 2026-12-05): in re-measure round 2 the candidate's engine
+    /// failed for memory the previous engine had not yet given back, then the defaults' engine
+    /// failed to start too, and the verdict blamed the candidate ("missed the constraints in
+    /// its pooled rounds … oom"). A round in which the defaults fail too is the machine's: both
+    /// failures are set aside, another round is asked for, and the candidate's gain, measured
+    /// in the other rounds, is judged on them.
+    #[test]
+    fn a_round_in_which_the_defaults_fail_too_is_the_machines_and_is_set_aside() {
+        let r = rules(&[], &[]);
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in [0u32, 2, 3] {
+            b.round(&r, 0, i, meas(100.0 + i as f64 * 0.3, 10.0, 100.0));
+            b.round(&r, 1, i, meas(130.0 - i as f64 * 0.3, 10.0, 100.0));
+        }
+        failed_round(&mut b, 1, 1, "oom", "ValueError: Available memory on node 0 (20.29/23.54 GiB) on kv cache allocation is less than requested memory");
+        failed_round(&mut b, 0, 1, "crash", "WorkerProc failed to start");
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.comparisons[0].disqualified, None, "{d:?}");
+        assert_eq!(d.recommended, Some(1), "{}", d.verdict);
+        assert_eq!(d.set_aside.len(), 2, "{d:?}");
+        assert!(
+            d.verdict.contains("2 failed run(s) set aside"),
+            "{}",
+            d.verdict
+        );
+        // The candidate failing alone in a round is still the candidate's failure.
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in [0u32, 2, 3] {
+            b.round(&r, 0, i, meas(100.0 + i as f64 * 0.3, 10.0, 100.0));
+            b.round(&r, 1, i, meas(130.0 - i as f64 * 0.3, 10.0, 100.0));
+        }
+        b.round(&r, 0, 1, meas(100.0, 10.0, 100.0));
+        failed_round(&mut b, 1, 1, "oom", "out of memory");
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(d.comparisons[0].disqualified.is_some(), "{d:?}");
+        // Defaults failing in every round but one: too few rounds; more are asked for, and at
+        // the cap the verdict keeps the defaults and says the machine could not run them.
+        let mut b = Book::new(&r, &[0, 1]);
+        b.round(&r, 0, 0, meas(100.0, 10.0, 100.0));
+        b.round(&r, 1, 0, meas(130.0, 10.0, 100.0));
+        for i in 1..3u32 {
+            failed_round(&mut b, 0, i, "crash", "WorkerProc failed to start");
+            b.round(&r, 1, i, meas(130.0, 10.0, 100.0));
+        }
+        let d = b.decide(&r, &["main"], &[1], false);
+        assert_eq!(d.pending, Pending::Remeasure, "{d:?}");
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(
+            d.verdict
+                .starts_with("keep the defaults: the defaults' own engine failed"),
+            "{}",
+            d.verdict
+        );
+    }
+
+    /// Issue 20 item 8: defaults that cannot start left every guard inconclusive (nothing to
+    /// compare with), so the study ran to the round cap, recommended nothing and printed
+    /// "+NaN%". With no defaults, the best feasible candidate is judged on its constraints and
+    /// the verdict says so, with no comparison.
+    #[test]
+    fn defaults_that_cannot_start_leave_the_best_feasible_candidate_judged_on_its_constraints() {
+        let r = rules(&["tpot:mean:300"], &["ttft:mean"]);
+        let mut b = Book::new(&r, &[0, 1, 2]);
+        b.trials[0].status = TrialStatus::Failed;
+        b.trials[0].full = None;
+        b.trials[0].objective = None;
+        b.trials[0].failure = Some(TrialFailure {
+            class: "oom".into(),
+            evidence: "CUDA out of memory".into(),
+            log_excerpt: String::new(),
+        });
+        for i in 0..3u32 {
+            b.round(&r, 1, i, meas(120.0 + i as f64, 200.0, 900.0));
+            b.round(&r, 2, i, meas(90.0 + i as f64, 200.0, 900.0));
+        }
+        let d = b.decide(&r, &["main"], &[1, 2], false);
+        assert!(d.baseline_infeasible.is_some(), "{d:?}");
+        assert_eq!(d.pending, Pending::None, "{d:?}");
+        assert_eq!(d.recommended, Some(1), "{}", d.verdict);
+        assert!(!d.verdict.contains("NaN"), "{}", d.verdict);
+        assert!(
+            d.checks
+                .iter()
+                .all(|c| c.state != CheckState::Inconclusive && c.state != CheckState::Regression),
+            "{:?}",
+            d.checks
+        );
+        // A candidate that misses its own constraints is still not recommended.
+        let mut b2 = Book::new(&r, &[0, 1]);
+        b2.trials[0] = b.trials[0].clone();
+        for i in 0..3u32 {
+            b2.round(&r, 1, i, meas(120.0, 400.0, 900.0));
+        }
+        let d = b2.decide(&r, &["main"], &[1], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(!d.verdict.contains("NaN"), "{}", d.verdict);
     }
 
     #[test]

@@ -210,7 +210,8 @@ pub struct Outcome {
     pub baseline_infeasible: Option<String>,
     #[serde(default)]
     pub rounds: Rounds,
-    /// Rounds (trial numbers) the gate set aside: other processes disturbed them.
+    /// Rounds (trial numbers) the gate set aside: other processes disturbed them, or the run
+    /// failed in a round in which the defaults failed too.
     #[serde(default)]
     pub set_aside: Vec<u32>,
     pub search_trials: u32,
