@@ -600,13 +600,10 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     // Defaults that did not start (a classified engine failure) have nothing to compare with:
     // candidates are judged on their own constraints.
     let base_failed_to_start = failed_to_start(base);
-    let base_runs = runs(
-        rules,
-        input.trials,
-        input.workloads,
-        0,
-        (base.seq, base.seq),
-    );
+    // One arm's rounds on workload `wi`, with the defaults' failed rounds known.
+    let arm_runs =
+        |wi: usize, arm: u32| runs(rules, input.trials, input.workloads, wi, (base.seq, arm));
+    let base_runs = arm_runs(0, base.seq);
     let baseline_infeasible = if base_failed_to_start {
         Some(match &base.failure {
             Some(f) => format!(
@@ -642,7 +639,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         .candidates
         .iter()
         .map(|&c| {
-            let r = runs(rules, input.trials, input.workloads, 0, (base.seq, c));
+            let r = arm_runs(0, c);
             let cvals: Vec<f64> = r
                 .measured
                 .iter()
@@ -715,20 +712,8 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     let mut checks = Vec::new();
     if let Some(l) = &leader {
         for (wi, name) in input.workloads.iter().enumerate() {
-            let b = runs(
-                rules,
-                input.trials,
-                input.workloads,
-                wi,
-                (base.seq, base.seq),
-            );
-            let c = runs(
-                rules,
-                input.trials,
-                input.workloads,
-                wi,
-                (base.seq, l.candidate),
-            );
+            let b = arm_runs(wi, base.seq);
+            let c = arm_runs(wi, l.candidate);
             // A validation workload not run yet is skipped; one whose rounds were all set
             // aside is not (its checks are inconclusive).
             let unrun = b.measured.is_empty()
@@ -775,7 +760,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     let (mut primary_set_aside, mut primary_rounds) = (0usize, 0usize);
     for (wi, _) in input.workloads.iter().enumerate() {
         for arm in std::iter::once(base.seq).chain(input.candidates.iter().copied()) {
-            let r = runs(rules, input.trials, input.workloads, wi, (base.seq, arm));
+            let r = arm_runs(wi, arm);
             if wi == 0 {
                 primary_rounds +=
                     r.measured.len() + r.disturbed.len() + r.failed.len() + r.machine.len();
@@ -786,7 +771,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         }
     }
     let short = |arm: u32| {
-        let r = runs(rules, input.trials, input.workloads, 0, (base.seq, arm));
+        let r = arm_runs(0, arm);
         r.failed.is_empty() && r.measured.len() < 2 && r.any_set_aside()
     };
     let short_of_clean = (!base_failed_to_start && short(base.seq))

@@ -311,42 +311,33 @@ pub fn assess(
             .filter(|h| &h.config == base && !h.failed)
             .collect();
         let own = |v: Vec<f64>| (!v.is_empty()).then(|| median(&v));
-        let mut unanchored = None;
-        if let (Some((r, e)), Some(d)) = (
+        // Why the defaults' own level lies beyond `scale`'s margin of its reference, if it does.
+        let off = |what: &str, scale: Option<(f64, f64)>, level: Option<f64>| {
+            let ((r, e), d) = (scale?, level?);
+            let margin = e.max(floor);
+            ((d - r).abs() > margin).then(|| format!(
+                "{what} {:+.1}% from the phase's median, beyond its ±{:.1}% margin: most options may matter, or that reading of the defaults was off",
+                pct(d - r),
+                pct(margin)
+            ))
+        };
+        let unanchored = off(
+            "the defaults read",
             objective,
             own(runs.iter().filter_map(|o| reading(o)).collect()),
-        ) {
-            let margin = e.max(floor);
-            if (d - r).abs() > margin {
-                unanchored = Some(format!(
-                    "the defaults read {:+.1}% from the phase's median, beyond its ±{:.1}% margin: most options may matter, or that reading of the defaults was off",
-                    pct(d - r),
-                    pct(margin)
-                ));
-            }
-        }
-        for (k, sc) in limit_scales.iter().enumerate() {
-            if unanchored.is_some() {
-                break;
-            }
-            let (Some((r, e)), Some(d)) = (
-                sc,
-                own(runs
-                    .iter()
-                    .filter_map(|o| o.slack.get(k).copied().flatten())
-                    .collect()),
-            ) else {
-                continue;
-            };
-            let margin = e.max(floor);
-            if (d - r).abs() > margin {
-                unanchored = Some(format!(
-                    "a latency limit's statistic of the defaults reads {:+.1}% from the phase's median, beyond its ±{:.1}% margin: most options may matter, or that reading of the defaults was off",
-                    pct(d - r),
-                    pct(margin)
-                ));
-            }
-        }
+        )
+        .or_else(|| {
+            limit_scales.iter().enumerate().find_map(|(k, sc)| {
+                off(
+                    "a latency limit's statistic of the defaults reads",
+                    *sc,
+                    own(runs
+                        .iter()
+                        .filter_map(|o| o.slack.get(k).copied().flatten())
+                        .collect()),
+                )
+            })
+        });
         Scales {
             objective,
             limits: limit_scales,
