@@ -125,6 +125,22 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         warm_top: usize,
     },
+    /// Simulate the gate's error rates: false recommendations of a candidate no better than the
+    /// defaults (A/A) and recommendations of a faster one (A/B), per design (prints a table).
+    #[cfg(feature = "mock")]
+    GateBench {
+        /// Virtual studies per cell.
+        #[arg(long, default_value_t = 10_000)]
+        studies: usize,
+        /// A run's noise, relative standard deviation.
+        #[arg(long, default_value_t = 0.05)]
+        sd: f64,
+        /// The drift shared by a round's runs, relative standard deviation.
+        #[arg(long, default_value_t = 0.0)]
+        drift: f64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Run the daemon: keeps the configured studies tuned, serves the status API.
     Daemon {
         /// The daemon's config file (TOML).
@@ -370,6 +386,28 @@ fn main() -> ExitCode {
                 } else {
                     print_out(&text)?;
                 }
+                Ok(0)
+            }
+            #[cfg(feature = "mock")]
+            Command::GateBench {
+                studies,
+                sd,
+                drift,
+                seed,
+            } => {
+                if studies == 0 || !(sd.is_finite() && sd >= 0.0) || !(drift.is_finite() && drift >= 0.0) {
+                    anyhow::bail!("gate-bench: --studies must be at least 1 and --sd, --drift finite and not negative");
+                }
+                let o = servetune::mock::gate_bench::GateOptions {
+                    studies,
+                    sd,
+                    drift,
+                    seed,
+                };
+                let table =
+                    tokio::task::spawn_blocking(move || servetune::mock::gate_bench::run(&o))
+                        .await?;
+                print_out(&table)?;
                 Ok(0)
             }
             #[cfg(feature = "mock")]

@@ -18,6 +18,7 @@
 
 pub mod engines;
 pub mod evaluator;
+pub mod gate_bench;
 pub mod live;
 pub mod profile;
 pub mod search_bench;

@@ -15,7 +15,7 @@ use crate::bench::abort::LatencyLimit;
 use crate::space::{Config, Kind, Space, Value};
 use crate::tune::eval::RunSpec;
 use crate::tune::opt::{self, key, Algorithm, Obs, Plan};
-use crate::tune::prior::{self, Shape};
+use crate::tune::prior::{self, Footprint, Shape};
 use crate::tune::warm::{self, Earlier};
 
 use super::evaluator::{SimEvaluator, SimWorkload};
@@ -47,11 +47,21 @@ impl Landscape {
         }
     }
 
+    /// The model's weights against the machine's memory, as a study measures them on the node.
+    fn footprint(&self) -> Footprint {
+        let gib = |x: f64| (x * (1u64 << 30) as f64) as u64;
+        Footprint {
+            weights_bytes: Some(gib(self.machine.model.weights_gib)),
+            memory_bytes: Some(gib(self.machine.hw.mem_gib)),
+            why: String::new(),
+        }
+    }
+
     /// The plan a study of `budget` trials on this landscape gets: its workload's priors.
     pub fn plan(&self, budget: usize) -> Plan {
         Plan {
             budget,
-            priors: prior::resolve(&self.space, &[self.shape()]).0,
+            priors: prior::resolve(&self.space, &[self.shape()], &self.footprint()).0,
             ..Plan::default()
         }
     }
@@ -352,6 +362,21 @@ fn trajectory_plan(
     for _ in 0..n {
         let Ok(p) = opt.propose(&hist) else { break };
         let obs = o.observe(&p.config);
+        if std::env::var("DEBUG_TRAJ").is_ok()
+            && n == 10
+            && kind == opt::default_for(&l.space)
+            && plan.one_at_a_time.is_none()
+        {
+            eprintln!(
+                "seed {seed} {} v={:?} m={:?} failed={} slack={:?} {}",
+                hist.len(),
+                obs.value.map(|v| v as i64),
+                obs.measured.map(|v| v as i64),
+                obs.failed,
+                obs.slack,
+                serde_json::to_string(&p.config).unwrap()
+            );
+        }
         if let Some(v) = obs.value {
             if best.as_ref().is_none_or(|(b, _)| v > *b) {
                 best = Some((v, p.config.clone()));
@@ -724,7 +749,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
         grid.len()
     );
     let _ = writeln!(out, "Optimum at `{at}`.\n");
-    let said: Vec<String> = prior::resolve(&l.space, &[l.shape()])
+    let said: Vec<String> = prior::resolve(&l.space, &[l.shape()], &l.footprint())
         .1
         .into_iter()
         .map(|r| r.note)

@@ -7,7 +7,7 @@ use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::{
     blocks, change_text, charts, comparison_cells, config_text, disturbed_lines, importance,
-    leader_column, mean_ci, one_at_a_time, primary_name, ReportData,
+    leader_column, level_of, mean_ci, one_at_a_time, primary_name, ReportData,
 };
 use crate::space::CommandLine;
 use crate::tune::decide::CheckState;
@@ -119,8 +119,9 @@ fn conclusion(d: &ReportData) -> Markup {
             p { "Candidates re-measured against the baseline (interleaved rounds):" }
             table #comparisons {
                 tr { th { "trial" } th { "change of the objective [95% CI]" } th { "note" } }
+                @let level = level_of(&d.study.spec_text);
                 @for c in &out.comparisons {
-                    @let (value, note) = comparison_cells(c);
+                    @let (value, note) = comparison_cells(c, level);
                     tr { td { "#" (c.candidate) } td { (value) } td { (note) } }
                 }
             }

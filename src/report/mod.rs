@@ -600,8 +600,9 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
             );
             let _ = writeln!(o, "| trial | change of the objective [95% CI] | note |");
             let _ = writeln!(o, "|---|---|---|");
+            let level = level_of(&rec.spec_text);
             for c in &out.comparisons {
-                let (value, note) = comparison_cells(c);
+                let (value, note) = comparison_cells(c, level);
                 let _ = writeln!(o, "| #{} | {value} | {note} |", c.candidate);
             }
             let _ = writeln!(o);
@@ -900,8 +901,16 @@ fn change_text(r: &Row) -> String {
     }
 }
 
-/// A re-measured candidate's value and note cells.
-fn comparison_cells(c: &Comparison) -> (String, String) {
+/// The gain test's level per look of the study of `spec_text` (`decide::alpha_per_look` of
+/// its re-measurement rounds), as the gate used it.
+fn level_of(spec_text: &str) -> f64 {
+    toml::from_str::<crate::tune::spec::StudySpec>(spec_text)
+        .map(|s| crate::tune::decide::alpha_per_look(s.remeasure.repeats, s.remeasure.max_repeats))
+        .unwrap_or(crate::tune::decide::ALPHA)
+}
+
+/// A re-measured candidate's value and note cells; `level`: the gain test's level per look.
+fn comparison_cells(c: &Comparison, level: f64) -> (String, String) {
     let alone = c.diff.as_ref().is_some_and(|d| d.n_b == 0);
     let value = match &c.diff {
         Some(d) if alone => format!(
@@ -914,10 +923,7 @@ fn comparison_cells(c: &Comparison) -> (String, String) {
     let adj = c
         .p_adjusted
         .map(|p| {
-            format!(
-                " (Holm-adjusted one-sided p = {p:.4} against {})",
-                crate::tune::decide::ALPHA
-            )
+            format!(" (Holm-adjusted one-sided p = {p:.4} against {level}, the level per look)")
         })
         .unwrap_or_default();
     let note = match (&c.disqualified, &c.diff) {

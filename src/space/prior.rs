@@ -7,14 +7,18 @@
 //! prior = { at = "{prompt_tokens}*2", spread = 0.15, source = "…" }
 //! prior = { at = "on", source = "…" }
 //! prior = { at_least = "{prompt_tokens}", source = "…" }
+//! prior = { at = "fp8", if = "{weights_share} >= 0.5", source = "…" }
 //! ```
 //!
 //! `at` says "near this value"; `at_least` (numeric parameters) says "anywhere at or above
 //! this value", for a lower bound an expert knows without knowing the best value. Either is a
 //! value of the parameter, or `{var}`, `{var}*K` or `{var}/K` with a workload
 //! variable (`WORKLOAD_VARS`, derived from the study's `servetune bench` flags) or one of the
-//! engine's `[engine] vars`. This module parses and checks the statement; `tune::prior`
-//! resolves it against a study's workloads and the optimisers (`tune::opt::prior`) use it.
+//! engine's `[engine] vars`. `if` makes the prior conditional on the machine (`MACHINE_VARS`:
+//! how much of an accelerator the model's weights take): an expert quantizes the KV cache of a
+//! model that leaves little memory for it, not of one that leaves plenty. This module parses and
+//! checks the statement; `tune::prior` resolves it against a study's workloads and machine and
+//! the optimisers (`tune::opt::prior`) use it.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +44,13 @@ pub const WORKLOAD_VARS: &[(&str, &str)] = &[
     ),
 ];
 
+/// The machine variables a prior's `if` may use, with their meaning (resolved by
+/// `tune::prior::Footprint`).
+pub const MACHINE_VARS: &[(&str, &str)] = &[(
+    "weights_share",
+    "the model's weight files over the memory of one accelerator (the host's memory without a GPU)",
+)];
+
 /// The prior as the space file states it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,8 +65,71 @@ pub struct PriorSpec {
     /// parameter is): how sure the statement is. Default `DEFAULT_SPREAD`.
     #[serde(default)]
     pub spread: Option<f64>,
+    /// Only if this holds: `{var} OP number` with a machine variable (`MACHINE_VARS`) and
+    /// OP one of `>=`, `>`, `<=`, `<`.
+    #[serde(default, rename = "if")]
+    pub if_: Option<String>,
     /// Why the workload implies this value.
     pub source: String,
+}
+
+/// A prior's `if`, parsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub var: String,
+    pub op: String,
+    pub bound: f64,
+}
+
+impl Condition {
+    /// `{var} OP number` (the variable must be one of `MACHINE_VARS`).
+    pub fn parse(s: &str) -> Result<Condition, String> {
+        let shape = || {
+            format!(
+                "prior.if {s:?}: expected `{{var}} OP number` with OP one of >=, >, <=, < and var one of {}",
+                MACHINE_VARS
+                    .iter()
+                    .map(|(v, _)| *v)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        let rest = s.trim().strip_prefix('{').ok_or_else(shape)?;
+        let (var, tail) = rest.split_once('}').ok_or_else(shape)?;
+        if !MACHINE_VARS.iter().any(|(v, _)| *v == var) {
+            return Err(shape());
+        }
+        let tail = tail.trim();
+        let op = [">=", "<=", ">", "<"]
+            .into_iter()
+            .find(|op| tail.starts_with(op))
+            .ok_or_else(shape)?;
+        let bound: f64 = tail[op.len()..].trim().parse().map_err(|_| shape())?;
+        if !bound.is_finite() {
+            return Err(shape());
+        }
+        Ok(Condition {
+            var: var.to_owned(),
+            op: op.to_owned(),
+            bound,
+        })
+    }
+
+    /// Whether `x` (the variable's value) satisfies it.
+    pub fn holds(&self, x: f64) -> bool {
+        match self.op.as_str() {
+            ">=" => x >= self.bound,
+            ">" => x > self.bound,
+            "<=" => x <= self.bound,
+            _ => x < self.bound,
+        }
+    }
+}
+
+impl std::fmt::Display for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} {}", self.var, self.op, self.bound)
+    }
 }
 
 /// The spread of a numeric prior when the file gives none: a tenth of the range.
@@ -79,7 +153,13 @@ impl PriorSpec {
             (None, Some(_)) => return Err("prior.at_least is only for a numeric parameter".into()),
             _ => return Err("prior needs exactly one of `at` and `at_least`".into()),
         };
+        self.condition()?;
         Ok((self.point(v, p, engine_vars)?, lower))
+    }
+
+    /// The parsed `if`, if any.
+    pub fn condition(&self) -> Result<Option<Condition>, String> {
+        self.if_.as_deref().map(Condition::parse).transpose()
     }
 
     fn point(&self, at: &Value, p: &Param, engine_vars: &[&str]) -> Result<At, String> {

@@ -687,6 +687,22 @@ fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
         "",
     );
     let s = Space::parse(&at_least, "p.toml").unwrap();
+    let cond = with(
+        r#"prior = { at = 64, if = "{weights_share} > 0.5", source = "s" }"#,
+        "",
+    );
+    let c = Space::parse(&cond, "p.toml").unwrap().params[0]
+        .prior
+        .as_ref()
+        .unwrap()
+        .condition()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (c.var.as_str(), c.op.as_str(), c.bound),
+        ("weights_share", ">", 0.5)
+    );
+    assert!(c.holds(0.6) && !c.holds(0.5));
     assert!(
         s.params[0]
             .prior
@@ -733,6 +749,21 @@ fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
             "",
             r#"prior = { at = "c", source = "s" }"#,
             "not a value of the parameter",
+        ),
+        (
+            r#"prior = { at = 64, if = "{concurrency} >= 8", source = "s" }"#,
+            "",
+            "prior.if \"{concurrency} >= 8\": expected `{var} OP number`",
+        ),
+        (
+            r#"prior = { at = 64, if = "{weights_share} = 0.5", source = "s" }"#,
+            "",
+            "var one of weights_share",
+        ),
+        (
+            r#"prior = { at = 64, if = "{weights_share} >= half", source = "s" }"#,
+            "",
+            "prior.if",
         ),
     ] {
         let e = Space::parse(&with(batch, mode), "p.toml")

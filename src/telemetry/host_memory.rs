@@ -11,7 +11,14 @@ use std::time::{Duration, Instant};
 
 /// `MemAvailable` of a `/proc/meminfo` text, in bytes.
 pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    parse_field(meminfo, "MemAvailable")
+}
+
+/// The field `name` (`MemTotal`) of a `/proc/meminfo` text, in bytes.
+fn parse_field(meminfo: &str, name: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))?;
     let mut f = line.split_whitespace().skip(1);
     let n: u64 = f.next()?.parse().ok()?;
     match f.next() {
@@ -23,6 +30,11 @@ pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
 /// The host's available memory now, in bytes (None where `/proc/meminfo` cannot be read).
 pub fn mem_available() -> Option<u64> {
     parse_mem_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// The host's memory in all (`MemTotal`), in bytes (None where `/proc/meminfo` cannot be read).
+pub fn mem_total() -> Option<u64> {
+    parse_field(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemTotal")
 }
 
 /// How much of the memory available before a launch may still be missing when it counts as
@@ -62,6 +74,8 @@ mod tests {
         let text = "MemTotal:       24576000 kB\nMemFree:         1000000 kB\nMemAvailable:   20000000 kB\n";
         assert_eq!(parse_mem_available(text), Some(20_000_000 * 1024));
         assert_eq!(parse_mem_available("MemTotal: 5 kB\n"), None);
+        assert_eq!(parse_field(text, "MemTotal"), Some(24_576_000 * 1024));
+        assert_eq!(parse_field(text, "Mem"), None);
         assert_eq!(parse_mem_available("MemAvailable: lots kB\n"), None);
         assert_eq!(parse_mem_available("MemAvailable: 5 MB\n"), None);
     }

@@ -25,19 +25,22 @@ pub fn key(
 /// The objective a best record states: for a recommendation, the candidate's mean in the
 /// pooled re-measurement rounds; for the defaults, their own mean there (both are what the
 /// gate judged, not a single lucky search run); `own`, the trial's own objective, when the
-/// rounds give none.
+/// rounds give none or were compared on the objective's fallback (another unit).
 pub fn objective(
     comparisons: &[Comparison],
     recommended: Option<u32>,
     own: Option<f64>,
 ) -> Option<f64> {
+    let in_unit = |c: &&Comparison| !c.fallback;
     let pooled = match recommended {
         Some(r) => comparisons
             .iter()
             .find(|c| c.candidate == r)
+            .filter(in_unit)
             .and_then(|c| c.diff.as_ref().map(|d| d.mean_a)),
         None => comparisons
             .first()
+            .filter(in_unit)
             .and_then(|c| c.diff.as_ref().map(|d| d.mean_b)),
     };
     pooled.filter(|v| v.is_finite() && *v > 0.0).or(own)
@@ -165,10 +168,15 @@ mod tests {
                 p_adjusted: None,
                 significant: false,
                 disqualified: None,
+                fallback: false,
             }
         };
         let cs = [cmp(5, 120.0, 100.0), cmp(7, 130.0, 101.0)];
         assert_eq!(objective(&cs, Some(7), Some(150.0)), Some(130.0));
+        // Rounds compared on the fallback (another unit): the trial's own figure.
+        let mut other = cs.clone();
+        other[1].fallback = true;
+        assert_eq!(objective(&other, Some(7), Some(150.0)), Some(150.0));
         assert_eq!(objective(&cs, None, Some(150.0)), Some(100.0));
         // No usable rounds: the trial's own figure.
         assert_eq!(objective(&[], Some(7), Some(150.0)), Some(150.0));

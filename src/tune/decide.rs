@@ -59,7 +59,9 @@ pub struct Rules {
     /// A relative loss beyond this (0.05 = 5%) is a regression.
     pub tolerance: f64,
     pub guards: Vec<Guard>,
-    /// One-sided family-wise error rate of the gain test.
+    /// The level of the gain test at each look (after each round from `repeats` to
+    /// `max_repeats`): `alpha_per_look`, so that the study's one-sided error rate over all its
+    /// looks is `ALPHA`.
     pub alpha: f64,
     /// A round during which other processes kept more cores busy than this on average is
     /// disturbed and set aside (`[foreign_load] max_cores`).
@@ -71,8 +73,30 @@ fn no_limit() -> f64 {
     f64::INFINITY
 }
 
-/// The default one-sided family-wise error rate: 2.5%, a 95% two-sided interval.
+/// The one-sided family-wise error rate of a study's gain test over all its looks: 2.5%.
 pub const ALPHA: f64 = 0.025;
+
+/// Pocock's nominal one-sided levels for an overall 2.5% over K equally spaced looks, K = 1 to
+/// 10 (Pocock 1977; Jennison & Turnbull, Group Sequential Methods, table 2.1: two-sided 5%
+/// constants halved).
+const POCOCK_2_5: [f64; 10] = [
+    0.025, 0.0147, 0.0110, 0.0091, 0.0079, 0.0068, 0.0061, 0.0056, 0.0052, 0.0048,
+];
+
+/// The gain test's level at each look of a study that looks after every round from `min` to
+/// `max` (the re-measurement's `repeats` and `max_repeats`): a study stops at the first look
+/// that recommends, so testing at `ALPHA` each time would recommend a candidate no better than
+/// the defaults more often than `ALPHA` (about 5% over three looks; `servetune gate-bench`).
+/// Pocock's constant level keeps the overall rate at `ALPHA`: the looks here are closer than
+/// equally spaced ones (rounds 3, 4, 5 share most of their data), which only makes it more
+/// conservative. Beyond ten looks, Bonferroni (`ALPHA / K`).
+pub fn alpha_per_look(min: u32, max: u32) -> f64 {
+    let looks = max.saturating_sub(min.max(1)) as usize + 1;
+    POCOCK_2_5
+        .get(looks - 1)
+        .copied()
+        .unwrap_or(ALPHA / looks as f64)
+}
 
 /// The state of one check of the leader against the defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +144,10 @@ pub struct Comparison {
     pub significant: bool,
     /// Why the candidate cannot be recommended (missed the constraints pooled, failed a round).
     pub disqualified: Option<String>,
+    /// Compared on the objective's fallback (`needs_fallback`: a run of either arm could not
+    /// measure the objective), so `diff` is in the fallback's unit.
+    #[serde(default)]
+    pub fallback: bool,
 }
 
 /// What more measurement could settle.
@@ -246,21 +274,64 @@ fn runs<'a>(
     out
 }
 
-/// Whether a search trial's engine never started (a classified start-up failure): such
-/// defaults are not re-measured, there is nothing to measure.
-pub fn failed_to_start(t: &TrialRecord) -> bool {
-    t.status == TrialStatus::Failed && t.screen.is_none() && t.full.is_none()
+/// The failure classes in which the engine refuses the configuration, proved by its log:
+/// out of memory, unsupported by the hardware, a flag it rejects. Anything else (a crash, a
+/// hang, a start-up timeout, a taken port) may be the machine's.
+pub const REFUSALS: [&str; 3] = ["oom", "unsupported", "bad_flag"];
+
+/// Whether a failure is the engine refusing the configuration (`REFUSALS`).
+pub fn refused(f: &TrialFailure) -> bool {
+    REFUSALS.contains(&f.class.as_str())
 }
 
-/// The value a workload is compared on: the objective where the workload can measure it; a
-/// validation workload without `--goodput` is compared on request throughput instead of
-/// goodput, and tokens per joule falls back to output throughput where no energy was read.
+/// Whether a search trial's engine refused to start it (a refusal its log proves, with no
+/// measurement): such defaults are not re-measured, there is nothing to measure. Defaults that
+/// failed otherwise are re-measured like any arm (their rounds tell).
+pub fn failed_to_start(t: &TrialRecord) -> bool {
+    t.status == TrialStatus::Failed
+        && t.screen.is_none()
+        && t.full.is_none()
+        && t.failure.as_ref().is_some_and(refused)
+}
+
+/// The value a run shows for the objective: the objective where the run measured it; a
+/// validation workload without `--goodput` shows request throughput instead of goodput, and
+/// tokens per joule falls back to output throughput where no energy was read. For one run's
+/// progress line; a comparison uses `comparable`, which keeps one unit for all its runs.
 pub fn value_of(metric: ObjectiveMetric, m: &Measurement) -> Option<f64> {
-    m.objective(metric).or(match metric {
+    m.objective(metric).or_else(|| fallback_of(metric, m))
+}
+
+/// What a run is compared on when the objective cannot be measured (see `value_of`).
+fn fallback_of(metric: ObjectiveMetric, m: &Measurement) -> Option<f64> {
+    match metric {
         ObjectiveMetric::RequestGoodput => Some(m.request_throughput),
         ObjectiveMetric::TokensPerJoule => Some(m.output_throughput),
         _ => None,
-    })
+    }
+}
+
+/// Whether a comparison of these runs must use the fallback: one of them could not measure
+/// the objective, and mixing units (tokens per joule with tokens per second) would be no
+/// comparison at all, so then every run is compared on the fallback.
+/// (A metric with no fallback drops the runs that could not measure it.)
+fn needs_fallback(metric: ObjectiveMetric, runs: &[&[&Measurement]]) -> bool {
+    runs.iter()
+        .flat_map(|r| r.iter())
+        .any(|m| m.objective(metric).is_none() && fallback_of(metric, m).is_some())
+}
+
+/// The values of one arm in a comparison, in the comparison's one unit (`needs_fallback`).
+fn comparable(metric: ObjectiveMetric, fallback: bool, runs: &[&Measurement]) -> Vec<f64> {
+    runs.iter()
+        .filter_map(|m| {
+            if fallback {
+                fallback_of(metric, m)
+            } else {
+                m.objective(metric)
+            }
+        })
+        .collect()
 }
 
 /// Why an arm misses the constraints in its pooled rounds, if it does.
@@ -439,11 +510,7 @@ fn workload_checks(
     no_defaults: bool,
 ) -> Vec<Check> {
     let mut out = Vec::new();
-    let fallback = base
-        .measured
-        .iter()
-        .chain(&cand.measured)
-        .any(|m| m.objective(rules.metric).is_none());
+    let fallback = needs_fallback(rules.metric, &[&base.measured, &cand.measured]);
     let objective_label = if fallback {
         format!(
             "{} (compared on the fallback: this workload cannot measure the objective)",
@@ -488,7 +555,11 @@ fn workload_checks(
     let res = resolution(&base.measured).max(resolution(&cand.measured));
     // The primary's objective is judged by the gain test; a validation workload's gates.
     push("objective", objective_label, true, !primary, res, &|m| {
-        value_of(rules.metric, m)
+        if fallback {
+            fallback_of(rules.metric, m)
+        } else {
+            m.objective(rules.metric)
+        }
     });
     let mut keys: Vec<String> = vec!["tpot:mean".into(), "ttft:p99".into()];
     for g in &rules.guards {
@@ -630,21 +701,14 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         // Measured in every round: infeasible only beyond doubt.
         violation_established(&base_runs.measured, rules.min_success_rate, &rules.limits)
     };
-    let bvals: Vec<f64> = base_runs
-        .measured
-        .iter()
-        .filter_map(|m| value_of(rules.metric, m))
-        .collect();
     let mut comparisons: Vec<Comparison> = input
         .candidates
         .iter()
         .map(|&c| {
             let r = arm_runs(0, c);
-            let cvals: Vec<f64> = r
-                .measured
-                .iter()
-                .filter_map(|m| value_of(rules.metric, m))
-                .collect();
+            let fallback = needs_fallback(rules.metric, &[&r.measured, &base_runs.measured]);
+            let cvals = comparable(rules.metric, fallback, &r.measured);
+            let bvals = comparable(rules.metric, fallback, &base_runs.measured);
             let res = resolution(&r.measured).max(resolution(&base_runs.measured));
             let diff = (!cvals.is_empty() && !bvals.is_empty())
                 .then(|| welch_with_resolution(&cvals, &bvals, res))
@@ -652,6 +716,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             Comparison {
                 candidate: c,
                 command: command_of(c),
+                fallback,
                 diff,
                 p_adjusted: None,
                 significant: false,
@@ -696,26 +761,13 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         };
     }
     let mean_of = |c: &Comparison| c.diff.as_ref().map_or(f64::NEG_INFINITY, |d| d.mean_a);
-    let significant_leader = comparisons
-        .iter()
-        .filter(|c| c.significant)
-        .max_by(|a, b| mean_of(a).total_cmp(&mean_of(b)))
-        .cloned();
-    // The one that came closest, when none is significant (for the wording and for asking for
-    // more rounds).
-    let closest = comparisons
-        .iter()
-        .filter(|c| c.disqualified.is_none() && c.diff.is_some())
-        .max_by(|a, b| mean_of(a).total_cmp(&mean_of(b)))
-        .cloned();
-    let leader = significant_leader.clone().or(closest.clone());
-    let mut checks = Vec::new();
-    if let Some(l) = &leader {
+    // One candidate's checks on every workload it has run (a validation workload not run yet
+    // is skipped; one whose rounds were all set aside is not: its checks are inconclusive).
+    let checks_of = |cand: u32| -> Vec<Check> {
+        let mut checks = Vec::new();
         for (wi, name) in input.workloads.iter().enumerate() {
             let b = arm_runs(wi, base.seq);
-            let c = arm_runs(wi, l.candidate);
-            // A validation workload not run yet is skipped; one whose rounds were all set
-            // aside is not (its checks are inconclusive).
+            let c = arm_runs(wi, cand);
             let unrun = b.measured.is_empty()
                 && c.measured.is_empty()
                 && c.failed.is_empty()
@@ -733,7 +785,48 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                 base_failed_to_start,
             ));
         }
+        checks
+    };
+    // The significant candidates, fastest first: the first that regresses on no workload and
+    // no guard leads; a faster one that does is passed over, and said so. (The Holm correction
+    // above already covers every candidate, so looking past the first adds no test.) When all
+    // regress, the fastest leads and the verdict says what it regresses on.
+    let mut ranked: Vec<&Comparison> = comparisons.iter().filter(|c| c.significant).collect();
+    ranked.sort_by(|a, b| mean_of(b).total_cmp(&mean_of(a)));
+    let mut passed_over: Vec<(u32, Vec<String>)> = Vec::new();
+    let mut significant_leader: Option<(Comparison, Vec<Check>)> = None;
+    for c in &ranked {
+        let k = checks_of(c.candidate);
+        let regress = describe(&k, CheckState::Regression);
+        if regress.is_empty() {
+            significant_leader = Some(((*c).clone(), k));
+            break;
+        }
+        passed_over.push((c.candidate, regress));
     }
+    if significant_leader.is_none() {
+        passed_over.clear();
+        significant_leader = ranked
+            .first()
+            .map(|c| ((*c).clone(), checks_of(c.candidate)));
+    }
+    let (significant_leader, leader_checks) = match significant_leader {
+        Some((c, k)) => (Some(c), Some(k)),
+        None => (None, None),
+    };
+    // The one that came closest, when none is significant (for the wording and for asking for
+    // more rounds).
+    let closest = comparisons
+        .iter()
+        .filter(|c| c.disqualified.is_none() && c.diff.is_some())
+        .max_by(|a, b| mean_of(a).total_cmp(&mean_of(b)))
+        .cloned();
+    let leader = significant_leader.clone().or(closest.clone());
+    let checks = match (leader_checks, &leader) {
+        (Some(k), _) => k,
+        (None, Some(l)) => checks_of(l.candidate),
+        (None, None) => Vec::new(),
+    };
     let primary = input.workloads.first().cloned().unwrap_or_default();
     let any = |wl_primary: bool, state: CheckState| {
         checks
@@ -812,17 +905,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         (all_ok && validated && !short_of_clean && pending == Pending::None).then_some(l.candidate)
     });
     let rounds = |c: &Comparison| c.diff.as_ref().map_or(0, |d| d.n_a);
-    let problems = |state: CheckState| -> Vec<String> {
-        checks
-            .iter()
-            .filter(|c| c.gate && c.state == state)
-            .map(|c| match (&c.diff, &c.note) {
-                (_, Some(n)) => format!("{}: {n}", c.workload),
-                (Some(d), None) => format!("{} {} {}", c.workload, c.label, pct(d)),
-                (None, None) => format!("{} {} (not measured)", c.workload, c.label),
-            })
-            .collect()
-    };
+    let problems = |state: CheckState| describe(&checks, state);
     let tol = 100.0 * rules.tolerance;
     let verdict = match (&recommended, &significant_leader) {
         (Some(r), Some(l)) => {
@@ -888,7 +971,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                     Some(c) => {
                         let d = c.diff.as_ref().expect("closest has a diff");
                         format!(
-                            "keep the defaults: no candidate beats them significantly after correcting for {m} candidate(s); the best, trial #{}, is {} over {} rounds (Holm-adjusted one-sided p = {:.3} against {})",
+                            "keep the defaults: no candidate beats them significantly after correcting for {m} candidate(s); the best, trial #{}, is {} over {} rounds (Holm-adjusted one-sided p = {:.3} against {}, the level per look)",
                             c.candidate,
                             pct(d),
                             rounds(c),
@@ -917,6 +1000,20 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                 }
             }
         }
+    };
+    let verdict = if passed_over.is_empty() {
+        verdict
+    } else {
+        let faster: Vec<String> = passed_over
+            .iter()
+            .map(|(c, why)| {
+                format!(
+                    "trial #{c} beat the defaults by more but regresses beyond {tol:.0}% on: {}",
+                    why.join("; ")
+                )
+            })
+            .collect();
+        format!("{verdict} ({})", faster.join("; "))
     };
     let worst = set_aside
         .iter()
@@ -969,6 +1066,19 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             .collect(),
         verdict,
     }
+}
+
+/// The gating checks in `state`, as the verdict names them (`chat ttft:p99 +12.0% …`).
+fn describe(checks: &[Check], state: CheckState) -> Vec<String> {
+    checks
+        .iter()
+        .filter(|c| c.gate && c.state == state)
+        .map(|c| match (&c.diff, &c.note) {
+            (_, Some(n)) => format!("{}: {n}", c.workload),
+            (Some(d), None) => format!("{} {} {}", c.workload, c.label, pct(d)),
+            (None, None) => format!("{} {} (not measured)", c.workload, c.label),
+        })
+        .collect()
 }
 
 /// Trial numbers as `#3, #7`.
@@ -1515,6 +1625,95 @@ mod tests {
         let d = b.decide(&r, &["main", "chat"], &[1], true);
         assert_eq!(d.recommended, None, "{}", d.verdict);
         assert!(d.verdict.contains("chat"), "{}", d.verdict);
+    }
+
+    /// Issue 20 item 9: the fastest candidate doubles P99 TTFT (a guard); the runner-up, 20%
+    /// faster than the defaults and regressing on nothing, is recommended, and the verdict says
+    /// why the faster one was passed over. Before, only the leader was checked: "keep the
+    /// defaults".
+    #[test]
+    fn a_runner_up_that_passes_every_check_is_recommended_when_the_leader_fails_a_guard() {
+        let r = rules(&[], &["ttft:p99"]);
+        let mut b = Book::new(&r, &[0, 1, 2]);
+        for i in 0..4 {
+            let x = i as f64;
+            b.round(&r, 0, i, meas(100.0 + x, 10.0, 100.0 + x));
+            b.round(&r, 1, i, meas(130.0 + x, 10.0, 200.0 + x));
+            b.round(&r, 2, i, meas(120.0 + x, 10.0, 101.0 + x));
+        }
+        let d = b.decide(&r, &["main"], &[1, 2], true);
+        assert_eq!(d.recommended, Some(2), "{}", d.verdict);
+        assert_eq!(d.leader, Some(2));
+        assert!(d.verdict.starts_with("run trial #2"), "{}", d.verdict);
+        assert!(
+            d.verdict.contains(
+                "trial #1 beat the defaults by more but regresses beyond 5% on: main P99 TTFT"
+            ),
+            "{}",
+            d.verdict
+        );
+        // The checks shown are the recommendation's.
+        let ttft = d.checks.iter().find(|c| c.key == "ttft:p99").unwrap();
+        assert_eq!(ttft.state, CheckState::Ok);
+        // When every significant candidate regresses, the fastest leads and is named.
+        let mut b = Book::new(&r, &[0, 1, 2]);
+        for i in 0..4 {
+            let x = i as f64;
+            b.round(&r, 0, i, meas(100.0 + x, 10.0, 100.0 + x));
+            b.round(&r, 1, i, meas(130.0 + x, 10.0, 200.0 + x));
+            b.round(&r, 2, i, meas(120.0 + x, 10.0, 180.0 + x));
+        }
+        let d = b.decide(&r, &["main"], &[1, 2], true);
+        assert_eq!(d.recommended, None, "{}", d.verdict);
+        assert!(
+            d.verdict
+                .starts_with("keep the defaults: trial #1 changes the objective"),
+            "{}",
+            d.verdict
+        );
+        assert!(
+            !d.verdict.contains("beat the defaults by more"),
+            "{}",
+            d.verdict
+        );
+    }
+
+    /// Issue 20 item 4: tokens per joule, with one candidate round whose energy reading is
+    /// missing. Before, that round entered the comparison in tokens per second (50 among
+    /// readings of 2), a mean of 14 "tokens per joule"; now the whole comparison is on the
+    /// fallback, output throughput, in one unit, and says so.
+    #[test]
+    fn a_round_without_the_objective_moves_the_whole_comparison_to_the_fallback() {
+        let mut r = rules(&[], &[]);
+        r.metric = ObjectiveMetric::TokensPerJoule;
+        let joules = |v: f64, tpj: Option<f64>| Measurement {
+            tokens_per_joule: tpj,
+            ..meas(v, 10.0, 100.0)
+        };
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..4 {
+            let x = i as f64;
+            b.round(&r, 0, i, joules(100.0 + x, Some(2.0 + 0.01 * x)));
+            let tpj = (i != 2).then_some(2.2 + 0.01 * x);
+            b.round(&r, 1, i, joules(110.0 + x, tpj));
+        }
+        let d = b.decide(&r, &["main"], &[1], true);
+        let c = &d.comparisons[0];
+        assert!(c.fallback, "{c:?}");
+        let diff = c.diff.as_ref().unwrap();
+        // Output throughput is half the total in `meas`: 55.75 against 50.75.
+        assert!((diff.mean_a - 55.75).abs() < 1e-9, "{diff:?}");
+        assert!((diff.mean_b - 50.75).abs() < 1e-9, "{diff:?}");
+        // With every energy reading present the comparison stays in tokens per joule.
+        let mut b = Book::new(&r, &[0, 1]);
+        for i in 0..4 {
+            let x = i as f64;
+            b.round(&r, 0, i, joules(100.0 + x, Some(2.0 + 0.01 * x)));
+            b.round(&r, 1, i, joules(110.0 + x, Some(2.2 + 0.01 * x)));
+        }
+        let d = b.decide(&r, &["main"], &[1], true);
+        assert!(!d.comparisons[0].fallback);
+        assert!((d.comparisons[0].diff.as_ref().unwrap().mean_a - 2.215).abs() < 1e-9);
     }
 
     #[test]

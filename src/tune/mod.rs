@@ -218,7 +218,19 @@ pub async fn engine_runner(
             "objective.metric: tokens_per_joule needs GPU energy readings (NVML), and this node has none".into(),
         ));
     }
-    let hardware = telemetry.fingerprint().key();
+    let fingerprint = telemetry.fingerprint();
+    let hardware = fingerprint.key();
+    let mut study = study;
+    study.footprint = prior::Footprint::measure(&study.model, &fingerprint.gpus);
+    let on_cpu = match &study.spec.study.platform {
+        Some(p) => p == "cpu",
+        None => fingerprint.gpus.is_empty(),
+    };
+    if let Some(w) =
+        vllm_cpu_memory_warning(&study, on_cpu, crate::telemetry::host_memory::mem_total())
+    {
+        study.warnings.push(w);
+    }
     let mut launcher = Launcher::new(Some(store.clone()), telemetry);
     launcher.refuse_foreign_gpu_processes = study.spec.study.refuse_foreign_gpu_processes;
     let eval = EngineEvaluator::new(
@@ -235,4 +247,57 @@ pub async fn engine_runner(
     runner.engine_versions = versions;
     runner.dropped_flags = dropped;
     Ok(runner)
+}
+
+/// vLLM's CPU build sizes its KV cache from `--gpu-memory-utilization` of the host's memory
+/// (0.92 by default) unless `VLLM_CPU_KVCACHE_SPACE` sets it, and refuses to start when other
+/// processes hold part of that: said at the start of a CPU study of vLLM that leaves it unset
+/// (seen 2026-12-05: "Available memory on node 0 (20.29/23.54 GiB) … is less than requested").
+/// `host_bytes`: the host's memory, for the figure.
+pub fn vllm_cpu_memory_warning(
+    study: &Study,
+    on_cpu: bool,
+    host_bytes: Option<u64>,
+) -> Option<String> {
+    let vllm = study.spec.study.engines.split('+').any(|e| e == "vllm");
+    if !(on_cpu && vllm) || study.spec.env.contains_key("VLLM_CPU_KVCACHE_SPACE") {
+        return None;
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let total = host_bytes
+        .map(|b| {
+            format!(
+                " ({:.1} GiB of {:.1} GiB here)",
+                gib(0.92 * b as f64),
+                gib(b as f64)
+            )
+        })
+        .unwrap_or_default();
+    Some(format!(
+        "vLLM's CPU defaults ask for 92% of this machine's memory for their KV cache{total} and refuse to start when other processes hold part of it; set `[env] VLLM_CPU_KVCACHE_SPACE` (GiB) for a cache of a known size, as studies/vllm-cpu-smollm2.toml does"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cpu_study_of_vllm_without_a_kv_cache_size_is_warned_of_its_memory_at_start() {
+        let path = std::path::Path::new("studies/vllm-cpu-smollm2.toml");
+        let shipped = Study::load(path).unwrap();
+        assert_eq!(
+            vllm_cpu_memory_warning(&shipped, true, Some(24 << 30)),
+            None
+        );
+        let text = std::fs::read_to_string(path)
+            .unwrap()
+            .replace("VLLM_CPU_KVCACHE_SPACE = \"1\"", "");
+        let bare = Study::parse(&text, path).unwrap();
+        let w = vllm_cpu_memory_warning(&bare, true, Some(24 << 30)).unwrap();
+        assert!(w.contains("92% of this machine's memory"), "{w}");
+        assert!(w.contains("(22.1 GiB of 24.0 GiB here)"), "{w}");
+        // On a GPU node the fraction is of the GPU's memory: nothing to say here.
+        assert_eq!(vllm_cpu_memory_warning(&bare, false, Some(24 << 30)), None);
+    }
 }

@@ -2,7 +2,9 @@
 //! study's workloads offer (their peak concurrency, longest prompt and output) and the engine's
 //! variables, into unit-cube priors for the optimisers (`opt::Prior`). A prior whose variable
 //! the workloads do not determine (an open-loop workload at a finite rate has no known peak
-//! concurrency) is left out, with a note saying so.
+//! concurrency) is left out, with a note saying so. A prior with an `if` on the machine
+//! (`Footprint`: how much of an accelerator the model's weights take) is used only where it
+//! holds, and left out with a note where it does not or cannot be known.
 
 use crate::bench::args::{BenchArgs, DatasetName};
 use crate::space::prior::DEFAULT_SPREAD;
@@ -88,11 +90,132 @@ impl Shape {
     }
 }
 
+/// What the machine offers the model, as far as the disk and the telemetry say before a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Footprint {
+    /// The model's weight files, bytes (None: `why`).
+    pub weights_bytes: Option<u64>,
+    /// The memory of one accelerator (the host's without a GPU), bytes.
+    pub memory_bytes: Option<u64>,
+    /// Why a size is unknown (empty when both are known).
+    pub why: String,
+}
+
+/// Weight files' extensions: safetensors, PyTorch, GGUF.
+const WEIGHT_EXTENSIONS: &[&str] = &["safetensors", "bin", "pt", "pth", "gguf"];
+
+impl Footprint {
+    /// The footprint of `model` (a weight file, a model directory, or a Hugging Face id found
+    /// in the local hub cache) on the first GPU of `gpus`, or on the host without one.
+    pub fn measure(model: &str, gpus: &[crate::telemetry::GpuInfo]) -> Footprint {
+        let memory_bytes = match gpus.first() {
+            Some(g) if g.memory_total_bytes > 0 => Some(g.memory_total_bytes),
+            Some(_) => None,
+            None => crate::telemetry::host_memory::mem_total(),
+        };
+        let weights_bytes = weights_bytes(model, None);
+        let mut why = Vec::new();
+        if weights_bytes.is_none() {
+            why.push(format!(
+                "no weight files found for the model {model:?} on this node"
+            ));
+        }
+        if memory_bytes.is_none() {
+            why.push("the accelerator's memory could not be read".to_owned());
+        }
+        Footprint {
+            weights_bytes,
+            memory_bytes,
+            why: why.join("; "),
+        }
+    }
+
+    /// A machine variable (`space::prior::MACHINE_VARS`), or why it is unknown.
+    pub fn var(&self, name: &str) -> Result<f64, String> {
+        match (name, self.weights_bytes, self.memory_bytes) {
+            ("weights_share", Some(w), Some(m)) if m > 0 => Ok(w as f64 / m as f64),
+            ("weights_share", ..) => Err(if self.why.is_empty() {
+                "the model's size or the accelerator's memory is unknown".to_owned()
+            } else {
+                self.why.clone()
+            }),
+            _ => Err(format!("{name} is not a machine variable")),
+        }
+    }
+}
+
+/// The bytes of `model`'s weights: the file itself (with its siblings for a split GGUF,
+/// `…-00001-of-0000N.gguf`), the weight files at the top of a directory, or those of the
+/// snapshot `refs/main` names of a Hugging Face id (`org/name`) in the hub cache (`hub`, else
+/// `HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`). None where none is found.
+fn weights_bytes(model: &str, hub: Option<&std::path::Path>) -> Option<u64> {
+    let path = std::path::Path::new(model);
+    if path.is_file() {
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        if let Some((stem, _)) = name.split_once("-00001-of-") {
+            let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+            let dir = dir.unwrap_or(std::path::Path::new("."));
+            return sum_weights(dir, |n| n.starts_with(stem) && n.contains("-of-"));
+        }
+        return std::fs::metadata(path).ok().map(|m| m.len());
+    }
+    if path.is_dir() {
+        return sum_weights(path, |_| true);
+    }
+    let (org, name) = model.split_once('/')?;
+    let id_part = |s: &str| !s.is_empty() && !s.contains('/') && !s.starts_with('.');
+    if !id_part(org) || !id_part(name) {
+        return None;
+    }
+    let hub = match hub {
+        Some(h) => h.to_path_buf(),
+        None => std::env::var_os("HF_HUB_CACHE")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HF_HOME").map(|h| std::path::PathBuf::from(h).join("hub"))
+            })
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .map(|h| std::path::PathBuf::from(h).join(".cache/huggingface/hub"))
+            })?,
+    };
+    let repo = hub.join(format!("models--{org}--{name}"));
+    let snapshot = std::fs::read_to_string(repo.join("refs/main"))
+        .ok()
+        .map(|r| repo.join("snapshots").join(r.trim()))
+        .filter(|d| d.is_dir())
+        .or_else(|| {
+            std::fs::read_dir(repo.join("snapshots"))
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.is_dir())
+        })?;
+    sum_weights(&snapshot, |_| true)
+}
+
+/// The total size of the weight files directly in `dir` whose names pass `keep` (None: none).
+fn sum_weights(dir: &std::path::Path, keep: impl Fn(&str) -> bool) -> Option<u64> {
+    let mut total = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let weight = std::path::Path::new(&name)
+            .extension()
+            .is_some_and(|x| WEIGHT_EXTENSIONS.iter().any(|w| x == *w));
+        // Follows links (a hub snapshot links its files to blobs).
+        let len = std::fs::metadata(e.path()).ok().filter(|m| m.is_file());
+        if let (true, true, Some(m)) = (weight, keep(&name), len) {
+            *total.get_or_insert(0) += m.len();
+        }
+    }
+    total
+}
+
 /// The optimiser's plan for a study on `space`: its budget and the priors its workloads imply,
 /// with what each prior resolved to.
 pub fn plan(study: &crate::tune::spec::Study, space: &Space) -> (Plan, Vec<Resolved>) {
     let shapes: Vec<Shape> = study.workloads.iter().map(|(_, b)| Shape::of(b)).collect();
-    let (priors, notes) = resolve(space, &shapes);
+    let (priors, notes) = resolve(space, &shapes, &study.footprint);
     (
         Plan {
             budget: study.spec.budget.trials as usize,
@@ -117,9 +240,14 @@ pub struct Resolved {
     pub note: String,
 }
 
-/// The space's priors for these workloads: one per parameter (None where the space states
-/// none or its variable is unknown), and what each resolved to.
-pub fn resolve(space: &Space, shapes: &[Shape]) -> (Vec<Option<Prior>>, Vec<Resolved>) {
+/// The space's priors for these workloads on this machine: one per parameter (None where the
+/// space states none, its variable is unknown or its `if` does not hold), and what each
+/// resolved to.
+pub fn resolve(
+    space: &Space,
+    shapes: &[Shape],
+    footprint: &Footprint,
+) -> (Vec<Option<Prior>>, Vec<Resolved>) {
     let mut priors = Vec::new();
     let mut out = Vec::new();
     let vars = space.var_names();
@@ -127,6 +255,27 @@ pub fn resolve(space: &Space, shapes: &[Shape]) -> (Vec<Option<Prior>>, Vec<Reso
         let Some(spec) = &p.prior else {
             priors.push(None);
             continue;
+        };
+        let applies = match spec.condition() {
+            Ok(Some(c)) => match footprint.var(&c.var) {
+                Ok(x) if c.holds(x) => Ok(Some(format!(", as {} is {x:.2}", c.var))),
+                Ok(x) => Err(format!("{} is {x:.2}, so `{c}` does not hold", c.var)),
+                Err(why) => Err(format!("`{c}` cannot be checked: {why}")),
+            },
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        };
+        let because = match applies {
+            Ok(b) => b.unwrap_or_default(),
+            Err(why) => {
+                out.push(Resolved {
+                    param: p.name.clone(),
+                    value: None,
+                    note: format!("{}: prior not used: {why}", p.name),
+                });
+                priors.push(None);
+                continue;
+            }
         };
         let parsed = spec.at(p, &vars);
         let lower = matches!(parsed, Ok((_, true)));
@@ -171,7 +320,7 @@ pub fn resolve(space: &Space, shapes: &[Shape]) -> (Vec<Option<Prior>>, Vec<Reso
                     param: p.name.clone(),
                     value: prior.is_some().then(|| v.clone()),
                     note: format!(
-                        "{} {} {v} ({})",
+                        "{} {} {v} ({}{because})",
                         p.name,
                         if lower { ">=" } else { "=" },
                         spec.source
@@ -250,7 +399,7 @@ mod tests {
     #[test]
     fn llama_server_slots_resolve_to_the_concurrency_and_unknown_concurrency_is_left_out() {
         let (space, c16) = llama_decode();
-        let (priors, notes) = resolve(&space, &[c16]);
+        let (priors, notes) = resolve(&space, &[c16], &Footprint::default());
         let i = space
             .params
             .iter()
@@ -265,7 +414,7 @@ mod tests {
             concurrency: None,
             ..Shape::of(&args(&["--dataset-name", "random"]))
         };
-        let (priors, notes) = resolve(&space, &[open]);
+        let (priors, notes) = resolve(&space, &[open], &Footprint::default());
         assert!(priors[i].is_none());
         assert!(
             notes
@@ -282,7 +431,7 @@ mod tests {
         let (space, c16) = llama_decode();
         let plan = Plan {
             budget: 12,
-            priors: resolve(&space, &[c16]).0,
+            priors: resolve(&space, &[c16], &Footprint::default()).0,
             ..Plan::default()
         };
         let mut opt = crate::tune::opt::make(crate::tune::opt::Algorithm::Tpe, &space, 0, &plan);
@@ -304,5 +453,108 @@ mod tests {
             p.config
         );
         assert_eq!(p.config.get("ubatch_size"), Some(&Value::Int(512)));
+    }
+
+    #[test]
+    fn a_prior_on_the_machine_applies_only_where_its_condition_holds() {
+        // The vLLM space: FP8 weights and KV cache, and a higher memory fraction, when the
+        // weights take half an accelerator or more (a 32B model in bf16 on an 80 GiB GPU), not
+        // for an 8B one, and not when the model's size is unknown.
+        let space = Space::load(std::path::Path::new("search-spaces/vllm.toml")).unwrap();
+        let chat = Shape {
+            concurrency: Some(64.0),
+            prompt_tokens: 1024.0,
+            output_tokens: 256.0,
+        };
+        let on = |weights_gib: f64| Footprint {
+            weights_bytes: Some((weights_gib * (1u64 << 30) as f64) as u64),
+            memory_bytes: Some(80 << 30),
+            why: String::new(),
+        };
+        let at = |p: &str| space.params.iter().position(|q| q.name == p).unwrap();
+        let note = |notes: &[Resolved], p: &str| {
+            notes
+                .iter()
+                .find(|n| n.param == p)
+                .map(|n| n.note.clone())
+                .unwrap_or_default()
+        };
+        let (priors, notes) = resolve(&space, std::slice::from_ref(&chat), &on(61.0));
+        assert_eq!(
+            priors[at("quantization")],
+            Some(Prior::Cat { index: 1, arity: 2 }),
+            "{notes:?}"
+        );
+        assert!(matches!(
+            priors[at("kv_cache_dtype")],
+            Some(Prior::Cat { index: 1, .. })
+        ));
+        assert!(matches!(
+            priors[at("gpu_memory_utilization")],
+            Some(Prior::AtLeast { .. })
+        ));
+        assert!(
+            note(&notes, "quantization").contains("as weights_share is 0.76"),
+            "{notes:?}"
+        );
+        let (priors, notes) = resolve(&space, std::slice::from_ref(&chat), &on(15.0));
+        assert_eq!(priors[at("quantization")], None);
+        assert!(
+            note(&notes, "quantization")
+                .contains("weights_share is 0.19, so `weights_share >= 0.5` does not hold"),
+            "{notes:?}"
+        );
+        // The workload's own priors stand either way.
+        assert!(priors[at("max_num_seqs")].is_some());
+        let unknown = Footprint {
+            memory_bytes: Some(80 << 30),
+            why: "no weight files found for the model \"org/m\" on this node".into(),
+            ..Footprint::default()
+        };
+        let (priors, notes) = resolve(&space, &[chat], &unknown);
+        assert_eq!(priors[at("kv_cache_dtype")], None);
+        assert!(
+            note(&notes, "kv_cache_dtype").contains("cannot be checked: no weight files found"),
+            "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn the_model_size_is_read_from_a_file_a_split_gguf_a_directory_or_the_hub_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |p: &std::path::Path, n: usize| {
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, vec![0u8; n]).unwrap();
+        };
+        let d = dir.path();
+        write(&d.join("one.gguf"), 100);
+        write(&d.join("big-00001-of-00002.gguf"), 300);
+        write(&d.join("big-00002-of-00002.gguf"), 200);
+        write(&d.join("hf/model-00001-of-00002.safetensors"), 1000);
+        write(&d.join("hf/model-00002-of-00002.safetensors"), 500);
+        write(&d.join("hf/config.json"), 7);
+        let s = |p: &std::path::Path| p.display().to_string();
+        let none: Option<&std::path::Path> = None;
+        assert_eq!(weights_bytes(&s(&d.join("one.gguf")), none), Some(100));
+        assert_eq!(
+            weights_bytes(&s(&d.join("big-00001-of-00002.gguf")), none),
+            Some(500)
+        );
+        assert_eq!(weights_bytes(&s(&d.join("hf")), none), Some(1500));
+        // A hub id: the snapshot refs/main names, its files links or copies.
+        let repo = d.join("hub/models--org--m");
+        write(&repo.join("refs/main"), 0);
+        std::fs::write(repo.join("refs/main"), "abc\n").unwrap();
+        write(&repo.join("snapshots/abc/model.safetensors"), 4000);
+        write(&repo.join("snapshots/abc/tokenizer.json"), 9);
+        assert_eq!(weights_bytes("org/m", Some(&d.join("hub"))), Some(4000));
+        assert_eq!(weights_bytes("org/other", Some(&d.join("hub"))), None);
+        assert_eq!(weights_bytes(&s(&d.join("missing.gguf")), none), None);
+        // No weight files: unknown, not zero.
+        write(&d.join("empty/config.json"), 3);
+        assert_eq!(weights_bytes(&s(&d.join("empty")), none), None);
+        let f = Footprint::measure(&s(&d.join("missing.gguf")), &[]);
+        let e = f.var("weights_share").unwrap_err();
+        assert!(e.contains("no weight files found"), "{e}");
     }
 }

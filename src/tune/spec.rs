@@ -333,13 +333,16 @@ pub struct Validation {
     #[serde(default = "tolerance")]
     pub tolerance: f64,
     /// Latency statistics of the primary workload that must not get worse beyond the
-    /// tolerance (`ttft:p99`, `tpot:mean`, `itl:p99`, …); `[]` for none.
+    /// tolerance (`ttft:mean`, `ttft:p99`, `itl:p99`, …); `[]` for none. Default: mean TTFT,
+    /// which a round of any size can decide. Not TPOT: the time per output token grows with
+    /// the batch, the very trade a throughput objective makes, so a TPOT guard would call
+    /// every gain from more slots a regression; a TPOT limit belongs in `constraints.slo`.
     #[serde(default = "guards")]
     pub guards: Vec<String>,
 }
 
 fn guards() -> Vec<String> {
-    vec!["ttft:p99".into(), "tpot:mean".into()]
+    vec!["ttft:mean".into()]
 }
 
 fn tolerance() -> f64 {
@@ -423,6 +426,9 @@ pub struct Study {
     pub screen_fraction: f64,
     /// What the file allows that would mislead, said once before the study runs.
     pub warnings: Vec<String>,
+    /// The model's weights against the machine's memory, for the priors' `if` (unknown until
+    /// the runner measures it on the node: `tune::runner`).
+    pub footprint: super::prior::Footprint,
 }
 
 /// Waves of the primary workload's concurrency a screening run spans at least: the first and
@@ -442,7 +448,7 @@ pub fn rules_of(spec: &StudySpec, limits: &[LatencyLimit]) -> super::decide::Rul
             .iter()
             .map(|g| super::decide::Guard { key: g.clone() })
             .collect(),
-        alpha: super::decide::ALPHA,
+        alpha: super::decide::alpha_per_look(spec.remeasure.repeats, spec.remeasure.max_repeats),
         max_foreign_cores: spec.foreign_load.max_cores,
     }
 }
@@ -843,6 +849,7 @@ impl Study {
             run_id: None,
             screen_fraction,
             warnings,
+            footprint: Default::default(),
         })
     }
 

@@ -634,20 +634,56 @@ impl<E: Evaluator> Runner<E> {
             // may be a screen's (shorter, noisier) reading.
             let full = self.space.baselines().contains(&trial.config)
                 || moves.iter().any(|m| m.config == trial.config);
-            let cancel = self.cancel.clone();
-            match guarded(
-                cancel,
-                self.search_trial(&mut trial, &screens, best_full, full),
-            )
-            .await
-            {
-                Some(r) => r?,
-                None => {
-                    let _ = self.eval.stop().await;
-                    trial.stopped += 1;
-                    self.put_trial(&trial)?;
-                    return Err(TuneError::Interrupted);
+            let is_defaults = self.space.baselines().contains(&trial.config);
+            for attempt in 0..2 {
+                let cancel = self.cancel.clone();
+                match guarded(
+                    cancel,
+                    self.search_trial(&mut trial, &screens, best_full, full),
+                )
+                .await
+                {
+                    Some(r) => r?,
+                    None => {
+                        let _ = self.eval.stop().await;
+                        trial.stopped += 1;
+                        self.put_trial(&trial)?;
+                        return Err(TuneError::Interrupted);
+                    }
                 }
+                // The defaults are the reference: only the engine refusing them (a class its
+                // log proves: out of memory, unsupported, a bad flag) says they cannot run.
+                // A crash, a hang, a start-up timeout or a taken port may be the machine's:
+                // they run once more before they count.
+                let again = match (&trial.failure, trial.status) {
+                    (Some(f), TrialStatus::Failed) => {
+                        is_defaults && attempt == 0 && !decide::refused(f)
+                    }
+                    _ => false,
+                };
+                if !again {
+                    break;
+                }
+                let f = trial.failure.take().expect("checked above");
+                let why = format!(
+                    "the defaults' engine failed ({}: {}), which is not the engine refusing them",
+                    f.class,
+                    crate::util::excerpt(&f.evidence, 100)
+                );
+                self.say(&format!(
+                    "trial #{}: {why}; running them once more",
+                    trial.seq
+                ));
+                trial.note = format!("{} (a first attempt failed: {why})", trial.note);
+                trial.status = TrialStatus::Running;
+                trial.screen = None;
+                trial.full = None;
+                trial.screen_objective = None;
+                trial.objective = None;
+                trial.early_stop = None;
+                trial.promoted = false;
+                trial.ended = None;
+                self.put_trial(&trial)?;
             }
             self.put_trial(&trial)?;
             if let Some(v) = trial.objective {
@@ -890,20 +926,28 @@ impl<E: Evaluator> Runner<E> {
         let Some(why) = m.violation(min_s, &limits) else {
             return Ok(m);
         };
-        if !(self.narrow_miss(&m) && promising(&m)) {
+        // A run the abort rule stopped at its one failed request read only a truncated run's
+        // throughput, which says nothing of whether the configuration is promising: it is
+        // confirmed whatever it read (one failure may be a glitch; a configuration that
+        // fails requests fails the second run as fast).
+        let stopped_at_one = m.aborted.is_some() && m.failed == 1;
+        if !(self.narrow_miss(&m) && (stopped_at_one || promising(&m))) {
             return Ok(m);
         }
+        let what = if stopped_at_one {
+            "was stopped at its one failed request"
+        } else {
+            "missed the constraints narrowly"
+        };
         let msg = format!(
-            "trial #{} missed the constraints narrowly ({why}); confirming with a second run",
+            "trial #{} {what} ({why}); confirming with a second run",
             t.seq
         );
         self.say(&msg);
         let mut again = self
             .quiet_measure(0, fraction, true, 1, true, &mut t.bench_s)
             .await?;
-        let note = format!(
-            "a first run missed the constraints narrowly ({why}); this second run replaces it"
-        );
+        let note = format!("a first run {what} ({why}); this second run replaces it");
         again.replaces = Some(match again.replaces.take() {
             Some(earlier) => format!("{note}; {earlier}"),
             None => note,
@@ -1047,18 +1091,53 @@ impl<E: Evaluator> Runner<E> {
         Ok(())
     }
 
-    /// The baseline the candidates are compared with: the best engine default.
-    fn baseline_of(&self, search: &[TrialRecord]) -> Option<TrialRecord> {
-        let bases = self.space.baselines();
-        search
+    /// The search trials of the engines' defaults: one per engine (the first of each).
+    fn default_trials(&self, search: &[TrialRecord]) -> Vec<TrialRecord> {
+        let mut out: Vec<TrialRecord> = Vec::new();
+        for b in self.space.baselines() {
+            if let Some(t) = search.iter().find(|t| t.config == b) {
+                out.push(t.clone());
+            }
+        }
+        out
+    }
+
+    /// The baseline the candidates are compared with: the best engine default. One search run
+    /// each cannot tell (a disturbed run of one engine's defaults would make another's the
+    /// reference), so every engine's defaults are re-measured, and once each has a pooled
+    /// reading in those rounds the best pooled one is the reference; before that, the best
+    /// search reading. With one engine: its defaults.
+    fn baseline_of(&self, bases: &[TrialRecord], all: &[TrialRecord]) -> Option<TrialRecord> {
+        let metric = self.metric();
+        let max_cores = self.study.spec.foreign_load.max_cores;
+        let pooled = |seq: u32| -> Option<f64> {
+            let v: Vec<f64> = all
+                .iter()
+                .filter(|t| {
+                    matches!(t.kind, TrialKind::Remeasure { candidate, .. } if candidate == seq)
+                })
+                .filter_map(|t| t.full.as_ref())
+                .filter(|m| !m.disturbed(max_cores))
+                .filter_map(|m| decide::value_of(metric, m))
+                .collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let ran: Vec<&TrialRecord> = bases
             .iter()
-            .filter(|t| bases.contains(&t.config))
-            .max_by(|a, b| {
-                a.objective
-                    .unwrap_or(f64::NEG_INFINITY)
-                    .total_cmp(&b.objective.unwrap_or(f64::NEG_INFINITY))
-            })
-            .cloned()
+            .filter(|t| !decide::failed_to_start(t))
+            .collect();
+        let by = |f: &dyn Fn(&TrialRecord) -> Option<f64>| {
+            ran.iter()
+                .max_by(|a, b| {
+                    f(a).unwrap_or(f64::NEG_INFINITY)
+                        .total_cmp(&f(b).unwrap_or(f64::NEG_INFINITY))
+                })
+                .map(|t| (*t).clone())
+        };
+        if ran.len() > 1 && ran.iter().all(|t| pooled(t.seq).is_some()) {
+            return by(&|t| pooled(t.seq));
+        }
+        by(&|t| t.objective).or_else(|| bases.first().cloned())
     }
 
     fn candidates(&self, search: &[TrialRecord], baseline: &TrialRecord) -> Vec<TrialRecord> {
@@ -1191,12 +1270,20 @@ impl<E: Evaluator> Runner<E> {
             .filter(|t| t.kind == TrialKind::Search)
             .cloned()
             .collect();
-        let base = self.baseline_of(&search)?;
-        let cands = self
+        let bases = self.default_trials(&search);
+        let base = self.baseline_of(&bases, all)?;
+        let mut cands: Vec<u32> = self
             .candidates(&search, &base)
             .iter()
             .map(|t| t.seq)
             .collect();
+        // The other engines' defaults are re-measured too (`baseline_of`), and compared like
+        // any candidate: one may beat the reference.
+        for b in &bases {
+            if b.seq != base.seq && !cands.contains(&b.seq) && !decide::failed_to_start(b) {
+                cands.push(b.seq);
+            }
+        }
         Some((base, cands))
     }
 

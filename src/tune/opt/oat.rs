@@ -426,7 +426,16 @@ pub fn assess(
                 }
                 Some(_) => (
                     true,
-                    format!("objective and latency moved less than ±{:.1}%", pct(margin)),
+                    match latency {
+                        // Each latency limit has its own margin (its readings' spread).
+                        Some((l, e)) => format!(
+                            "the objective moved less than ±{:.1}%, and a latency limit's statistic {:+.1}% (within ±{:.1}%)",
+                            pct(margin),
+                            pct(l),
+                            pct(e)
+                        ),
+                        None => format!("the objective moved less than ±{:.1}%", pct(margin)),
+                    },
                 ),
             }
         };

@@ -719,3 +719,62 @@ fn a_phase_whose_readings_are_too_noisy_freezes_nothing_and_says_so() {
         "{f:#?}"
     );
 }
+
+#[test]
+fn before_two_trials_meet_the_limit_the_gp_follows_the_slack_to_the_boundary() {
+    // The defaults (x = 0.1) are slow but feasible; runs at x = 0.9 and 0.8 missed the
+    // latency limit (feasible up to x = 0.6), as a prior point with a slot per request misses
+    // a TPOT SLO. With a single feasible trial the model is fitted on what every run measured
+    // and on the slack, and proposes towards the boundary instead of a random point.
+    let space = toy();
+    let at = |x: f64| {
+        let mut c = space.defaults();
+        c.insert("x".into(), Value::Float(x));
+        c.insert("y".into(), Value::Int(16));
+        bounded(&c, true)
+    };
+    let hist = vec![bounded(&space.defaults(), true), at(0.9), at(0.8)];
+    let mut near = 0;
+    for seed in 0..6 {
+        let mut opt = make(Algorithm::Gp, &space, seed, &Plan::budget(6));
+        let p = opt.propose(&hist).unwrap();
+        assert!(p.note.starts_with("gp: EI"), "seed {seed}: {}", p.note);
+        if (0.35..=0.7).contains(&num(&p.config, "x")) {
+            near += 1;
+        }
+    }
+    assert!(near >= 5, "{near}/6 proposals near the boundary x = 0.6");
+}
+
+#[test]
+fn with_nothing_to_learn_from_the_gp_draws_from_the_prior() {
+    // Only crashes so far: no model can be fitted, and the draw follows the priors (mode c
+    // has 2/3 of the prior's mass against 1/3 uniformly).
+    let space = toy();
+    let crashed = |c: Config| Obs {
+        config: c,
+        value: None,
+        failed: true,
+        measured: None,
+        slack: Vec::new(),
+    };
+    let mut plan = priors(0.5, 4.0, 2);
+    plan.budget = 6;
+    let mut c = 0;
+    for seed in 0..60 {
+        let mut other = space.defaults();
+        other.insert("x".into(), Value::Float(0.95));
+        let hist = vec![
+            crashed(space.defaults()),
+            crashed(other.clone()),
+            crashed(other),
+        ];
+        let mut opt = make(Algorithm::Gp, &space, seed, &plan);
+        let p = opt.propose(&hist).unwrap();
+        assert!(p.note.contains("from the prior"), "{}", p.note);
+        if p.config.get("mode") == Some(&Value::Str("c".into())) {
+            c += 1;
+        }
+    }
+    assert!(c >= 32, "mode c in {c}/60 draws");
+}
