@@ -120,6 +120,7 @@ fn study(id: &str, spec_text: String) -> StudyRecord {
         log_params: vec![],
         importance: None,
         one_at_a_time: None,
+        footprint: None,
     }
 }
 

@@ -661,6 +661,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
                 log_params: vec![],
                 importance: None,
                 one_at_a_time: None,
+                footprint: None,
             },
         )
         .unwrap();

@@ -221,7 +221,14 @@ pub async fn engine_runner(
     let fingerprint = telemetry.fingerprint();
     let hardware = fingerprint.key();
     let mut study = study;
-    study.footprint = prior::Footprint::measure(&study.model, &fingerprint.gpus);
+    // A study resumed keeps the footprint it was created with (its priors, and so its
+    // proposals, follow from it); a new one measures it.
+    let stored = records::Records::new(store.clone())
+        .study(study.id())?
+        .filter(|r| r.spec_text == study.text)
+        .and_then(|r| r.footprint);
+    study.footprint =
+        stored.unwrap_or_else(|| prior::Footprint::measure(&study.model, &fingerprint.gpus));
     let on_cpu = match &study.spec.study.platform {
         Some(p) => p == "cpu",
         None => fingerprint.gpus.is_empty(),

@@ -91,7 +91,7 @@ impl Shape {
 }
 
 /// What the machine offers the model, as far as the disk and the telemetry say before a run.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Footprint {
     /// The model's weight files, bytes (None: `why`).
     pub weights_bytes: Option<u64>,
@@ -101,8 +101,14 @@ pub struct Footprint {
     pub why: String,
 }
 
-/// Weight files' extensions: safetensors, PyTorch, GGUF.
-const WEIGHT_EXTENSIONS: &[&str] = &["safetensors", "bin", "pt", "pth", "gguf"];
+/// Files beside PyTorch weights in a checkpoint directory that are not weights.
+const NOT_WEIGHTS: &[&str] = &[
+    "optimizer",
+    "training_args",
+    "rng_state",
+    "scheduler",
+    "scaler",
+];
 
 impl Footprint {
     /// The footprint of `model` (a weight file, a model directory, or a Hugging Face id found
@@ -155,12 +161,15 @@ fn weights_bytes(model: &str, hub: Option<&std::path::Path>) -> Option<u64> {
         if let Some((stem, _)) = name.split_once("-00001-of-") {
             let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
             let dir = dir.unwrap_or(std::path::Path::new("."));
-            return sum_weights(dir, |n| n.starts_with(stem) && n.contains("-of-"));
+            let split = format!("{stem}-0");
+            return sum_files(dir, |n| {
+                n.starts_with(&split) && n.contains("-of-") && n.ends_with(".gguf")
+            });
         }
         return std::fs::metadata(path).ok().map(|m| m.len());
     }
     if path.is_dir() {
-        return sum_weights(path, |_| true);
+        return dir_weights(path);
     }
     let (org, name) = model.split_once('/')?;
     let id_part = |s: &str| !s.is_empty() && !s.contains('/') && !s.starts_with('.');
@@ -191,20 +200,65 @@ fn weights_bytes(model: &str, hub: Option<&std::path::Path>) -> Option<u64> {
                 .map(|e| e.path())
                 .find(|p| p.is_dir())
         })?;
-    sum_weights(&snapshot, |_| true)
+    dir_weights(&snapshot)
 }
 
-/// The total size of the weight files directly in `dir` whose names pass `keep` (None: none).
-fn sum_weights(dir: &std::path::Path, keep: impl Fn(&str) -> bool) -> Option<u64> {
+/// The weights of a model directory, one format only (a checkpoint may hold the same weights
+/// twice: safetensors beside PyTorch `.bin`, Mistral's `consolidated.safetensors` beside its
+/// shards): the safetensors index's `total_size`, else the safetensors files (the shards
+/// without `consolidated*` when both are there), else the PyTorch index's `total_size`, else
+/// the PyTorch files less a trainer's state (optimizer, RNG, …), else a single GGUF (several
+/// are several quantisations of one model: which one is unknown). None where none is found.
+fn dir_weights(dir: &std::path::Path) -> Option<u64> {
+    let index_total = |name: &str| -> Option<u64> {
+        let text = std::fs::read_to_string(dir.join(name)).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+        v.get("metadata")?.get("total_size")?.as_u64()
+    };
+    if let Some(t) = index_total("model.safetensors.index.json") {
+        return Some(t);
+    }
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let sharded = names
+        .iter()
+        .any(|n| n.ends_with(".safetensors") && !n.starts_with("consolidated"));
+    if let Some(t) = sum_files(dir, |n| {
+        n.ends_with(".safetensors") && !(sharded && n.starts_with("consolidated"))
+    }) {
+        return Some(t);
+    }
+    if let Some(t) = index_total("pytorch_model.bin.index.json") {
+        return Some(t);
+    }
+    let torch = |n: &str| {
+        [".bin", ".pt", ".pth"].iter().any(|x| n.ends_with(x))
+            && !NOT_WEIGHTS.iter().any(|w| n.contains(w))
+    };
+    if let Some(t) = sum_files(dir, torch) {
+        return Some(t);
+    }
+    let ggufs: Vec<&String> = names
+        .iter()
+        .filter(|n| n.ends_with(".gguf") && !n.starts_with("mmproj"))
+        .collect();
+    match ggufs.as_slice() {
+        [one] => std::fs::metadata(dir.join(one)).ok().map(|m| m.len()),
+        _ => None,
+    }
+}
+
+/// The total size of the files directly in `dir` whose names pass `keep` (None: none), links
+/// followed (a hub snapshot links its files to blobs).
+fn sum_files(dir: &std::path::Path, keep: impl Fn(&str) -> bool) -> Option<u64> {
     let mut total = None;
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let weight = std::path::Path::new(&name)
-            .extension()
-            .is_some_and(|x| WEIGHT_EXTENSIONS.iter().any(|w| x == *w));
-        // Follows links (a hub snapshot links its files to blobs).
         let len = std::fs::metadata(e.path()).ok().filter(|m| m.is_file());
-        if let (true, true, Some(m)) = (weight, keep(&name), len) {
+        if let (true, Some(m)) = (keep(&name), len) {
             *total.get_or_insert(0) += m.len();
         }
     }
@@ -533,6 +587,23 @@ mod tests {
         write(&d.join("hf/model-00001-of-00002.safetensors"), 1000);
         write(&d.join("hf/model-00002-of-00002.safetensors"), 500);
         write(&d.join("hf/config.json"), 7);
+        // The same weights twice, and a trainer's state: one format, no state.
+        write(&d.join("both/model.safetensors"), 800);
+        write(&d.join("both/pytorch_model.bin"), 800);
+        write(&d.join("both/optimizer.pt"), 1600);
+        write(&d.join("mistral/consolidated.safetensors"), 900);
+        write(&d.join("mistral/model-00001-of-00001.safetensors"), 900);
+        write(&d.join("ckpt/pytorch_model.bin"), 700);
+        write(&d.join("ckpt/training_args.bin"), 5);
+        write(&d.join("ckpt/rng_state.pth"), 5);
+        write(&d.join("indexed/model-00001-of-00002.safetensors"), 60000);
+        std::fs::write(
+            d.join("indexed/model.safetensors.index.json"),
+            "{\"metadata\": {\"total_size\": 123456}, \"weight_map\": {}}",
+        )
+        .unwrap();
+        write(&d.join("quants/m.Q4_K_M.gguf"), 40);
+        write(&d.join("quants/m.Q8_0.gguf"), 80);
         let s = |p: &std::path::Path| p.display().to_string();
         let none: Option<&std::path::Path> = None;
         assert_eq!(weights_bytes(&s(&d.join("one.gguf")), none), Some(100));
@@ -541,6 +612,12 @@ mod tests {
             Some(500)
         );
         assert_eq!(weights_bytes(&s(&d.join("hf")), none), Some(1500));
+        assert_eq!(weights_bytes(&s(&d.join("both")), none), Some(800));
+        assert_eq!(weights_bytes(&s(&d.join("mistral")), none), Some(900));
+        assert_eq!(weights_bytes(&s(&d.join("ckpt")), none), Some(700));
+        assert_eq!(weights_bytes(&s(&d.join("indexed")), none), Some(123_456));
+        // Several quantisations: which one the engine loads is unknown.
+        assert_eq!(weights_bytes(&s(&d.join("quants")), none), None);
         // A hub id: the snapshot refs/main names, its files links or copies.
         let repo = d.join("hub/models--org--m");
         write(&repo.join("refs/main"), 0);

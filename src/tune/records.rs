@@ -67,6 +67,11 @@ pub struct StudyRecord {
     /// without the phase).
     #[serde(default)]
     pub one_at_a_time: Option<super::opt::oat::Findings>,
+    /// The model's weights against the machine's memory when the study was created (the
+    /// priors' `if` read it): a resume uses it, not a new reading, so that its priors, and
+    /// with them its proposals, are those of its records.
+    #[serde(default)]
+    pub footprint: Option<super::prior::Footprint>,
 }
 
 /// Which knobs mattered, estimated when the search ends: the GP's predicted spread of the
@@ -607,6 +612,7 @@ pub(crate) mod fixtures {
             log_params: vec![],
             importance: None,
             one_at_a_time: None,
+            footprint: None,
         }
     }
 }

@@ -37,6 +37,10 @@ pub fn active_s(all: &[TrialRecord]) -> f64 {
         .sum()
 }
 
+/// The mark a defaults' trial carries in its note once its engine failed without refusing
+/// it and it ran once more.
+const RETRIED: &str = "a first attempt failed";
+
 /// Times servetune may be killed while one trial runs before that trial counts as failed.
 pub const MAX_KILLS: u32 = 3;
 
@@ -141,6 +145,7 @@ impl<E: Evaluator> Runner<E> {
             warm_start: self.warm.clone(),
             importance: None,
             one_at_a_time: None,
+            footprint: Some(self.study.footprint.clone()),
             log_params: self
                 .space
                 .params
@@ -655,9 +660,12 @@ impl<E: Evaluator> Runner<E> {
                 // log proves: out of memory, unsupported, a bad flag) says they cannot run.
                 // A crash, a hang, a start-up timeout or a taken port may be the machine's:
                 // they run once more before they count.
+                // The mark in the note is stored with the trial, so a resume after a kill
+                // during the second attempt does not run a third.
+                let retried = trial.note.contains(RETRIED);
                 let again = match (&trial.failure, trial.status) {
                     (Some(f), TrialStatus::Failed) => {
-                        is_defaults && attempt == 0 && !decide::refused(f)
+                        is_defaults && attempt == 0 && !retried && !decide::refused(f)
                     }
                     _ => false,
                 };
@@ -674,7 +682,7 @@ impl<E: Evaluator> Runner<E> {
                     "trial #{}: {why}; running them once more",
                     trial.seq
                 ));
-                trial.note = format!("{} (a first attempt failed: {why})", trial.note);
+                trial.note = format!("{} ({RETRIED}: {why})", trial.note);
                 trial.status = TrialStatus::Running;
                 trial.screen = None;
                 trial.full = None;
@@ -930,7 +938,7 @@ impl<E: Evaluator> Runner<E> {
         // throughput, which says nothing of whether the configuration is promising: it is
         // confirmed whatever it read (one failure may be a glitch; a configuration that
         // fails requests fails the second run as fast).
-        let stopped_at_one = m.aborted.is_some() && m.failed == 1;
+        let stopped_at_one = m.aborted.is_some() && m.failed == 1 && m.success_rate < min_s;
         if !(self.narrow_miss(&m) && (stopped_at_one || promising(&m))) {
             return Ok(m);
         }
@@ -1102,42 +1110,68 @@ impl<E: Evaluator> Runner<E> {
         out
     }
 
+    /// The best engine defaults by their search runs (the first that ran, else the first).
+    fn best_searched(bases: &[TrialRecord]) -> Option<TrialRecord> {
+        bases
+            .iter()
+            .filter(|t| !decide::failed_to_start(t))
+            .max_by(|a, b| {
+                a.objective
+                    .unwrap_or(f64::NEG_INFINITY)
+                    .total_cmp(&b.objective.unwrap_or(f64::NEG_INFINITY))
+            })
+            .or_else(|| bases.first())
+            .cloned()
+    }
+
     /// The baseline the candidates are compared with: the best engine default. One search run
     /// each cannot tell (a disturbed run of one engine's defaults would make another's the
-    /// reference), so every engine's defaults are re-measured, and once each has a pooled
-    /// reading in those rounds the best pooled one is the reference; before that, the best
-    /// search reading. With one engine: its defaults.
+    /// reference), so every engine's defaults are re-measured, and once each has rounds the
+    /// reference is the one with the best pooled reading among those that met the
+    /// constraints in every round (one unit for all: the objective, or its fallback for every
+    /// run when one lacks it); before that, or when none met them, the best search reading.
+    /// With one engine: its defaults.
     fn baseline_of(&self, bases: &[TrialRecord], all: &[TrialRecord]) -> Option<TrialRecord> {
-        let metric = self.metric();
-        let max_cores = self.study.spec.foreign_load.max_cores;
-        let pooled = |seq: u32| -> Option<f64> {
-            let v: Vec<f64> = all
-                .iter()
-                .filter(|t| {
-                    matches!(t.kind, TrialKind::Remeasure { candidate, .. } if candidate == seq)
-                })
-                .filter_map(|t| t.full.as_ref())
-                .filter(|m| !m.disturbed(max_cores))
-                .filter_map(|m| decide::value_of(metric, m))
-                .collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-        };
         let ran: Vec<&TrialRecord> = bases
             .iter()
             .filter(|t| !decide::failed_to_start(t))
             .collect();
-        let by = |f: &dyn Fn(&TrialRecord) -> Option<f64>| {
-            ran.iter()
-                .max_by(|a, b| {
-                    f(a).unwrap_or(f64::NEG_INFINITY)
-                        .total_cmp(&f(b).unwrap_or(f64::NEG_INFINITY))
-                })
-                .map(|t| (*t).clone())
-        };
-        if ran.len() > 1 && ran.iter().all(|t| pooled(t.seq).is_some()) {
-            return by(&|t| pooled(t.seq));
+        if ran.len() < 2 {
+            return Self::best_searched(bases);
         }
-        by(&|t| t.objective).or_else(|| bases.first().cloned())
+        let metric = self.metric();
+        let max_cores = self.study.spec.foreign_load.max_cores;
+        let rounds_of = |seq: u32| -> Vec<&TrialRecord> {
+            all.iter()
+                .filter(|t| {
+                    matches!(t.kind, TrialKind::Remeasure { candidate, .. } if candidate == seq)
+                })
+                .filter(|t| t.status != TrialStatus::Running)
+                .filter(|t| t.full.as_ref().is_none_or(|m| !m.disturbed(max_cores)))
+                .collect()
+        };
+        let rounds: Vec<Vec<&TrialRecord>> = ran.iter().map(|t| rounds_of(t.seq)).collect();
+        if rounds.iter().any(Vec::is_empty) {
+            return Self::best_searched(bases);
+        }
+        let runs: Vec<Vec<&Measurement>> = rounds
+            .iter()
+            .map(|r| r.iter().filter_map(|t| t.full.as_ref()).collect())
+            .collect();
+        let slices: Vec<&[&Measurement]> = runs.iter().map(Vec::as_slice).collect();
+        let fallback = decide::needs_fallback(metric, &slices);
+        let pooled = ran
+            .iter()
+            .zip(&rounds)
+            .zip(&runs)
+            .filter(|((_, r), _)| r.iter().all(|t| t.status == TrialStatus::Ok))
+            .filter_map(|((t, _), m)| {
+                let v = decide::comparable(metric, fallback, m);
+                (!v.is_empty()).then(|| (*t, v.iter().sum::<f64>() / v.len() as f64))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(t, _)| t.clone());
+        pooled.or_else(|| Self::best_searched(bases))
     }
 
     fn candidates(&self, search: &[TrialRecord], baseline: &TrialRecord) -> Vec<TrialRecord> {
@@ -1271,20 +1305,24 @@ impl<E: Evaluator> Runner<E> {
             .cloned()
             .collect();
         let bases = self.default_trials(&search);
-        let base = self.baseline_of(&bases, all)?;
-        let mut cands: Vec<u32> = self
-            .candidates(&search, &base)
+        // The arms are fixed by the search records alone (the candidates beside the best
+        // searched defaults, and every engine's defaults), so that they are the same at every
+        // look and after a resume; the reference among the defaults may move with the rounds
+        // (`baseline_of`), the others are compared like any candidate: one may beat it.
+        let searched = Self::best_searched(&bases)?;
+        let mut arms: Vec<u32> = self
+            .candidates(&search, &searched)
             .iter()
             .map(|t| t.seq)
             .collect();
-        // The other engines' defaults are re-measured too (`baseline_of`), and compared like
-        // any candidate: one may beat the reference.
         for b in &bases {
-            if b.seq != base.seq && !cands.contains(&b.seq) && !decide::failed_to_start(b) {
-                cands.push(b.seq);
+            if !arms.contains(&b.seq) && !decide::failed_to_start(b) {
+                arms.push(b.seq);
             }
         }
-        Some((base, cands))
+        let base = self.baseline_of(&bases, all)?;
+        arms.retain(|a| *a != base.seq);
+        Some((base, arms))
     }
 
     /// The gate's answer on the records so far (`last`: no more rounds may be run).

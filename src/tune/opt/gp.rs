@@ -300,38 +300,22 @@ impl Anneal for Acquisition<'_> {
 impl Optimizer for Gp {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
         let mut rng = rng_for(self.seed, history.len());
-        let values: Vec<f64> = history.iter().filter_map(|h| h.value).collect();
-        // What each run reached, constraints met or not (a run that missed an SLO still tells
-        // how fast that region is; the slack models handle the SLO).
-        let measured: Vec<f64> = history
-            .iter()
-            .filter_map(|h| h.value.or(h.measured))
-            .collect();
-        // The model guides once it has two feasible trials, or, before that, two runs that
-        // measured the objective and a slack to tell the boundary by (the defaults and the
-        // prior's point may both miss the latency limit: the optimum then lies at its
-        // boundary, which the slack models find, where random draws would keep landing in
-        // the crashed or infeasible corners).
-        let slack_runs = history
-            .iter()
-            .filter(|h| h.slack.iter().flatten().any(|v| v.is_finite()))
-            .count();
-        if values.len() < 2 && (measured.len() < 2 || slack_runs < 2) {
+        let feasible: Vec<&Obs> = history.iter().filter(|h| h.value.is_some()).collect();
+        if feasible.len() < 2 {
             return Ok(Proposal {
-                config: super::prior::draw(&self.space, &self.plan.priors, &mut rng)?,
-                note: "gp: fewer than two feasible trials; a draw from the prior".into(),
+                config: random_config(&self.space, &mut rng)?,
+                note: "gp: fewer than two feasible trials; random".into(),
                 expected_improvement: None,
             });
         }
-        let use_log = measured.iter().all(|v| *v > 0.0);
+        let values: Vec<f64> = feasible.iter().filter_map(|h| h.value).collect();
+        let use_log = values.iter().all(|v| *v > 0.0);
         let tr = |v: f64| if use_log { v.ln() } else { v };
-        // The objective model sees every trial that ran, feasible or not. Crashed trials
-        // enter at the worst value seen, as SMAC does, so that its mean, not only the
-        // feasibility model, steers away from them.
-        let worst = measured
-            .iter()
-            .map(|v| tr(*v))
-            .fold(f64::INFINITY, f64::min);
+        // The objective model sees every trial that ran, feasible or not (a run that missed
+        // an SLO still tells how fast that region is; the feasibility model handles the SLO).
+        // Crashed trials enter at the worst value seen, as SMAC does, so that its mean, not
+        // only the feasibility model, steers away from them.
+        let worst = values.iter().map(|v| tr(*v)).fold(f64::INFINITY, f64::min);
         let y: Vec<f64> = history
             .iter()
             .map(|h| match (h.value, h.measured) {
@@ -391,17 +375,10 @@ impl Optimizer for Gp {
         } else {
             None
         };
-        // The best feasible value; with none yet, the worst measured, so that any feasible
-        // point improves on it and the acquisition weighs speed against the chance of
-        // meeting the limits (not the chance alone, which favours the slowest corner).
-        let best = if values.is_empty() {
-            (worst - obj.mean) / obj.sd
-        } else {
-            values
-                .iter()
-                .map(|v| (tr(*v) - obj.mean) / obj.sd)
-                .fold(f64::NEG_INFINITY, f64::max)
-        };
+        let best = values
+            .iter()
+            .map(|v| (tr(*v) - obj.mean) / obj.sd)
+            .fold(f64::NEG_INFINITY, f64::max);
         let acq = Acquisition {
             space: &self.space,
             obj,
@@ -425,7 +402,17 @@ impl Optimizer for Gp {
         // Draws from the prior, so that its region is among the candidates.
         if self.plan.priors.iter().any(Option::is_some) {
             for _ in 0..RANDOM_CANDIDATES / 4 {
-                if let Ok(cfg) = super::prior::draw(&self.space, &self.plan.priors, &mut rng) {
+                let c: Vec<Coord> = self
+                    .space
+                    .params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| match self.plan.priors.get(i).copied().flatten() {
+                        Some(pr) => pr.quantile(rng.random_range(0.0..1.0)),
+                        None => crate::tune::encode::random_coord(p, &mut rng),
+                    })
+                    .collect();
+                if let Ok(cfg) = decode(&self.space, &c) {
                     cands.push(encode(&self.space, &cfg));
                 }
             }
@@ -478,7 +465,7 @@ impl Optimizer for Gp {
             ei * acq.obj.sd
         } else {
             ei * acq.obj.sd
-                / measured
+                / values
                     .iter()
                     .cloned()
                     .fold(f64::NEG_INFINITY, f64::max)

@@ -127,33 +127,6 @@ pub fn exponent(budget: usize, guided: usize) -> f64 {
     (budget as f64 / 10.0).max(1.0) / (guided as f64 + 1.0)
 }
 
-/// A configuration drawn from the priors (uniform where a parameter has none); uniform random
-/// without priors. Retries a draw the space refuses (a violated constraint), as
-/// `encode::random_config` does.
-pub fn draw(
-    space: &crate::space::Space,
-    priors: &[Option<Prior>],
-    rng: &mut impl Rng,
-) -> Result<crate::space::Config, String> {
-    let mut last = String::new();
-    for _ in 0..100 {
-        let c: Vec<Coord> = space
-            .params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| match priors.get(i).copied().flatten() {
-                Some(pr) => pr.quantile(rng.random_range(0.0..1.0)),
-                None => crate::tune::encode::random_coord(p, rng),
-            })
-            .collect();
-        match crate::tune::encode::decode(space, &c) {
-            Ok(cfg) => return Ok(cfg),
-            Err(e) => last = e,
-        }
-    }
-    Err(format!("no valid point in 100 draws; the last: {last}"))
-}
-
 /// A space-filling start-up design of `n` points over parameters of the given arities
 /// (`None`: numeric): a maximin Latin hypercube shaped by the priors (see the module header).
 /// A pure function of the seed.
