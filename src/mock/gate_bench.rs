@@ -127,6 +127,20 @@ fn study(rules: &Rules, d: &Design, gain: f64, o: &GateOptions, rng: &mut StdRng
     (false, d.max_repeats)
 }
 
+/// The gate's rules for a simulation at `alpha` per look: no guards and no SLOs, so the gain
+/// test alone decides, the case with the most recommendations (a guard can only block one).
+fn rules(alpha: f64) -> Rules {
+    Rules {
+        metric: ObjectiveMetric::TotalTokenThroughput,
+        min_success_rate: 0.0,
+        limits: Vec::new(),
+        tolerance: 0.05,
+        guards: Vec::new(),
+        alpha,
+        max_foreign_cores: f64::INFINITY,
+    }
+}
+
 /// Runs the simulation and returns the table (Markdown).
 pub fn run(o: &GateOptions) -> String {
     let mut designs = Vec::new();
@@ -157,17 +171,7 @@ pub fn run(o: &GateOptions) -> String {
     );
     let _ = writeln!(out, "|---|---|---|---|{}", "---|".repeat(GAINS.len()));
     for (i, d) in designs.iter().enumerate() {
-        // No guards and no SLOs: the gain test alone decides, the case with the most
-        // recommendations (a guard can only block one).
-        let rules = Rules {
-            metric: ObjectiveMetric::TotalTokenThroughput,
-            min_success_rate: 0.0,
-            limits: Vec::new(),
-            tolerance: 0.05,
-            guards: Vec::new(),
-            alpha: d.alpha,
-            max_foreign_cores: f64::INFINITY,
-        };
+        let rules = rules(d.alpha);
         let mut rng = StdRng::seed_from_u64(o.seed.wrapping_add(i as u64 * 7919));
         let rate = |gain: f64, rng: &mut StdRng| {
             let (mut yes, mut rounds) = (0usize, 0u64);
@@ -232,15 +236,7 @@ mod tests {
                 max_repeats: 5,
                 alpha,
             };
-            let rules = Rules {
-                metric: ObjectiveMetric::TotalTokenThroughput,
-                min_success_rate: 0.0,
-                limits: Vec::new(),
-                tolerance: 0.05,
-                guards: Vec::new(),
-                alpha,
-                max_foreign_cores: f64::INFINITY,
-            };
+            let rules = rules(alpha);
             let mut rng = StdRng::seed_from_u64(3);
             (0..o.studies)
                 .filter(|_| study(&rules, &d, 0.0, &o, &mut rng).0)

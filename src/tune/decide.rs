@@ -765,8 +765,8 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     // With no defaults to compare with, by the mean (every comparison alone).
     let mean_of = |c: &Comparison| {
         c.diff.as_ref().map_or(f64::NEG_INFINITY, |d| {
-            if d.n_b > 0 && d.mean_b.abs() > 0.0 {
-                d.diff / d.mean_b.abs()
+            if d.n_b > 0 && d.pct.is_finite() {
+                d.pct
             } else {
                 d.mean_a
             }

@@ -322,12 +322,7 @@ pub fn resolve(
         let because = match applies {
             Ok(b) => b.unwrap_or_default(),
             Err(why) => {
-                out.push(Resolved {
-                    param: p.name.clone(),
-                    value: None,
-                    note: format!("{}: prior not used: {why}", p.name),
-                });
-                priors.push(None);
+                left_out(&mut priors, &mut out, &p.name, &why);
                 continue;
             }
         };
@@ -382,17 +377,20 @@ pub fn resolve(
                 });
                 priors.push(prior);
             }
-            Err(why) => {
-                out.push(Resolved {
-                    param: p.name.clone(),
-                    value: None,
-                    note: format!("{}: prior not used: {why}", p.name),
-                });
-                priors.push(None);
-            }
+            Err(why) => left_out(&mut priors, &mut out, &p.name, &why),
         }
     }
     (priors, out)
+}
+
+/// A parameter's prior left out, with why.
+fn left_out(priors: &mut Vec<Option<Prior>>, out: &mut Vec<Resolved>, param: &str, why: &str) {
+    out.push(Resolved {
+        param: param.to_owned(),
+        value: None,
+        note: format!("{param}: prior not used: {why}"),
+    });
+    priors.push(None);
 }
 
 #[cfg(test)]
