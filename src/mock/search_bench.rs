@@ -59,9 +59,11 @@ impl Landscape {
 
     /// The plan a study of `budget` trials on this landscape gets: its workload's priors.
     pub fn plan(&self, budget: usize) -> Plan {
+        let priors = prior::resolve(&self.space, &[self.shape()], &self.footprint()).0;
         Plan {
             budget,
-            priors: prior::resolve(&self.space, &[self.shape()], &self.footprint()).0,
+            cap: prior::concurrency_cap(&self.space, &priors),
+            priors,
             ..Plan::default()
         }
     }
@@ -260,6 +262,7 @@ impl<'a> Oracle<'a> {
                     failed: false,
                     measured: Some(m.total_token_throughput),
                     slack: m.slack(&l.limits),
+                    decode: m.decode_load(&l.limits),
                 }
             }
             Err(e) => {
@@ -272,6 +275,7 @@ impl<'a> Oracle<'a> {
                     failed: true,
                     measured: None,
                     slack: Vec::new(),
+                    decode: None,
                 }
             }
         }
@@ -368,13 +372,14 @@ fn trajectory_plan(
             && plan.one_at_a_time.is_none()
         {
             eprintln!(
-                "seed {seed} {} v={:?} m={:?} failed={} slack={:?} {}",
+                "seed {seed} {} v={:?} m={:?} failed={} slack={:?} {} ({})",
                 hist.len(),
                 obs.value.map(|v| v as i64),
                 obs.measured.map(|v| v as i64),
                 obs.failed,
                 obs.slack,
-                serde_json::to_string(&p.config).unwrap()
+                serde_json::to_string(&p.config).unwrap(),
+                p.note
             );
         }
         if let Some(v) = obs.value {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::opt::DecodeLoad;
 use super::spec::ObjectiveMetric;
 use crate::bench::abort::{LatencyLimit, Stat};
 use crate::bench::args::BenchArgs;
@@ -164,6 +165,24 @@ impl Measurement {
                     .map(|v| (v / l.limit_ms).ln())
             })
             .collect()
+    }
+
+    /// The run's decode load against the per-token limits among `limits` (TPOT, ITL): None
+    /// when there are none or the run did not measure its mean TPOT or output throughput.
+    pub fn decode_load(&self, limits: &[LatencyLimit]) -> Option<DecodeLoad> {
+        use crate::bench::metrics::Metric;
+        let slack = self
+            .slack(limits)
+            .into_iter()
+            .zip(limits)
+            .filter(|(_, l)| matches!(l.metric, Metric::Tpot | Metric::Itl))
+            .map(|(s, _)| s)
+            .collect::<Option<Vec<f64>>>()?
+            .into_iter()
+            .reduce(f64::max)?;
+        let tpot_s = self.latencies_ms.get("tpot:mean").copied()? / 1000.0;
+        let batch = self.output_throughput * tpot_s;
+        (batch > 0.0 && batch.is_finite()).then_some(DecodeLoad { batch, slack })
     }
 
     pub fn violation(&self, min_success_rate: f64, limits: &[LatencyLimit]) -> Option<String> {

@@ -273,6 +273,7 @@ pub fn plan(study: &crate::tune::spec::Study, space: &Space) -> (Plan, Vec<Resol
     (
         Plan {
             budget: study.spec.budget.trials as usize,
+            cap: concurrency_cap(space, &priors),
             priors,
             one_at_a_time: study.spec.importance.one_at_a_time.then_some(
                 crate::tune::opt::oat::Settings {
@@ -283,6 +284,20 @@ pub fn plan(study: &crate::tune::spec::Study, space: &Space) -> (Plan, Vec<Resol
         },
         notes,
     )
+}
+
+/// The space's batch cap (`Plan::cap`): the parameter whose prior, resolved, is the workload's
+/// concurrency.
+pub fn concurrency_cap(space: &Space, priors: &[Option<Prior>]) -> Option<String> {
+    space
+        .params
+        .iter()
+        .zip(priors)
+        .find(|(p, pr)| {
+            pr.is_some()
+                && matches!(&p.prior, Some(s) if matches!(&s.at, Some(Value::Str(e)) if e.trim() == "{concurrency}"))
+        })
+        .map(|(p, _)| p.name.clone())
 }
 
 /// One parameter's resolved prior, for the notes and the report.
@@ -351,10 +366,13 @@ pub fn resolve(
             Ok(v) => {
                 let prior = match (coord_of(p, &v), arity(p)) {
                     (Coord::Num(lo), None) if lower => {
-                        // First try: the default when it already satisfies the bound.
+                        // First try: the default when it already satisfies the bound, else
+                        // the middle of what the prior allows (its density is uniform there,
+                        // and the bound is where the statement only just holds: a memory
+                        // fraction "at least 0.88" on a full accelerator wants more).
                         let mode = match coord_of(p, &p.default) {
                             Coord::Num(d) if d >= lo => d,
-                            _ => lo,
+                            _ => 0.5 * (lo + 1.0),
                         };
                         Some(Prior::AtLeast { lo, mode })
                     }
@@ -494,6 +512,7 @@ mod tests {
             failed: false,
             measured: Some(1.0),
             slack: Vec::new(),
+            decode: None,
         };
         let p = opt.propose(&[obs(&base)]).unwrap();
         assert!(p.note.contains("the workload's prior"), "{}", p.note);
@@ -545,6 +564,31 @@ mod tests {
             priors[at("gpu_memory_utilization")],
             Some(Prior::AtLeast { .. })
         ));
+        // The default (0.92) already holds the bound: it is the point tried first. SGLang's
+        // default (0: its own choice) does not: the middle of 0.88..0.95 is.
+        let gmu = &space.params[at("gpu_memory_utilization")];
+        assert!(matches!(
+            priors[at("gpu_memory_utilization")],
+            Some(Prior::AtLeast { mode, .. }) if Coord::Num(mode) == coord_of(gmu, &Value::Float(0.92))
+        ));
+        let sglang = Space::load(std::path::Path::new("search-spaces/sglang.toml")).unwrap();
+        let (sp, _) = resolve(&sglang, std::slice::from_ref(&chat), &on(61.0));
+        let i = sglang
+            .params
+            .iter()
+            .position(|q| q.name == "mem_fraction_static")
+            .unwrap();
+        let mid = coord_of(&sglang.params[i], &Value::Float(0.915));
+        assert!(
+            matches!(sp[i], Some(Prior::AtLeast { mode, .. }) if matches!(mid, Coord::Num(m) if (m - mode).abs() < 1e-9)),
+            "{:?}",
+            sp[i]
+        );
+        assert_eq!(
+            concurrency_cap(&space, &priors).as_deref(),
+            Some("max_num_seqs"),
+            "the batch cap is the parameter whose prior is the workload's concurrency"
+        );
         assert!(
             note(&notes, "quantization").contains("as weights_share is 0.76"),
             "{notes:?}"

@@ -301,10 +301,10 @@ impl Optimizer for Gp {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
         let mut rng = rng_for(self.seed, history.len());
         let feasible: Vec<&Obs> = history.iter().filter(|h| h.value.is_some()).collect();
-        if feasible.len() < 2 {
+        if feasible.is_empty() {
             return Ok(Proposal {
                 config: random_config(&self.space, &mut rng)?,
-                note: "gp: fewer than two feasible trials; random".into(),
+                note: "gp: no feasible trial yet; random".into(),
                 expected_improvement: None,
             });
         }

@@ -23,7 +23,7 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
 use crate::space::{Config, Space};
-use crate::tune::encode::{arity, decode, Coord};
+use crate::tune::encode::{arity, coord_of, decode, from_unit, Coord};
 
 /// Which optimiser a study uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -84,6 +84,21 @@ pub struct Obs {
     /// models each limit from these, so it learns where the boundary lies from every run.
     #[serde(default)]
     pub slack: Vec<Option<f64>>,
+    /// The run's decode load against the study's per-token latency limits, where it has any
+    /// (what the start-up's back-off steers by).
+    #[serde(default)]
+    pub decode: Option<DecodeLoad>,
+}
+
+/// How loaded a run's decode was, against the study's per-token latency limits (TPOT, ITL).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DecodeLoad {
+    /// The sequences decoding at once on average: output tokens per second times the mean time
+    /// per output token (Little's law). Below the batch cap when the KV cache, the prefills or
+    /// the offered load keep the batch smaller.
+    pub batch: f64,
+    /// The largest log of measured / limit over the per-token limits (above 0: missed).
+    pub slack: f64,
 }
 
 impl Obs {
@@ -138,6 +153,11 @@ pub struct Plan {
     /// than the space does (the search in a space the importance phase reduced); None: after
     /// the baselines, the phase and the start-up.
     pub guided_from: Option<usize>,
+    /// The batch cap: the parameter whose prior is the workload's concurrency (`at =
+    /// "{concurrency}"`: vLLM's `max_num_seqs`, SGLang's `max_running_requests`, llama.cpp's
+    /// `parallel`). When the workload's point misses a per-token latency limit, the start-up
+    /// lowers it (`back_off`) before its design.
+    pub cap: Option<String>,
 }
 
 impl Plan {
@@ -145,9 +165,7 @@ impl Plan {
     pub fn budget(budget: usize) -> Plan {
         Plan {
             budget,
-            priors: Vec::new(),
-            one_at_a_time: None,
-            guided_from: None,
+            ..Plan::default()
         }
     }
 
@@ -405,6 +423,15 @@ impl Optimizer for WithBaselines {
         // repeats an earlier trial is passed over).
         let before = self.baselines.len() + self.warm.len() + n;
         let k = history.len().saturating_sub(before);
+        if let Some(p) = back_off(
+            &self.kind,
+            &self.space,
+            search,
+            &self.plan,
+            history.get(before..).unwrap_or(&[]),
+        ) {
+            return Ok(p);
+        }
         if let Some((c, note)) = search
             .startup
             .iter()
@@ -437,6 +464,105 @@ impl Optimizer for WithBaselines {
         // A space this small is exhausted: measuring a point again at least narrows its noise.
         Ok(p)
     }
+}
+
+/// How far under a per-token latency limit a back-off aims (5%: a run's noise).
+const BACK_OFF_MARGIN: f64 = 0.05;
+
+/// A run's cap bound its decode batch when the batch came this close to it.
+const CAP_BOUND: f64 = 0.8;
+
+/// The expert's first move when the workload's point misses a per-token latency limit (TPOT,
+/// ITL): the same point with a lower batch cap, in place of the start-up design's next point,
+/// again while the last one still misses and start-up trials are left. `tried` is the
+/// history after the baselines, the warm start and the importance phase.
+///
+/// A step aims at the largest decode batch under the limit, 5% below it. The batch a run
+/// held is its `DecodeLoad::batch` (Little's law), not the cap: the KV cache or the prefills
+/// may keep it far below (a cap of 600 may run 220 sequences). With one run on the line the
+/// per-token time is taken as proportional to the batch (an overestimate of the batch that
+/// fits, since a step has a fixed part, the weights' read); with two, as affine through the
+/// last two (the fixed part measured), never above the proportional step.
+fn back_off(
+    kind: &Algorithm,
+    space: &Space,
+    search: &Search,
+    plan: &Plan,
+    tried: &[Obs],
+) -> Option<Proposal> {
+    let cap = plan.cap.as_deref()?;
+    let (point, _) = search.startup.first()?;
+    if tried.is_empty() || tried.len() >= search.startup.len() {
+        return None;
+    }
+    // The line: the workload's point and its back-offs, all that ran since the design began.
+    let same_but_cap = |c: &Config| {
+        c.len() == point.len() && c.iter().all(|(k, v)| k == cap || point.get(k) == Some(v))
+    };
+    if !tried.iter().all(|o| same_but_cap(&o.config)) {
+        return None;
+    }
+    let loads: Vec<(DecodeLoad, i64)> = tried
+        .iter()
+        .map(|o| match (o.failed, o.decode, o.config.get(cap)) {
+            (false, Some(d), Some(crate::space::Value::Int(c))) if d.slack > 0.0 => Some((d, *c)),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let param = space.params.iter().find(|p| p.name == cap)?;
+    let crate::space::Kind::Int { min, .. } = param.kind else {
+        return None;
+    };
+    let target = (-BACK_OFF_MARGIN).exp();
+    let (last, last_cap) = *loads.last()?;
+    let lowest_cap = loads.iter().map(|(_, c)| *c).min()?;
+    let proportional = last.batch * target / last.slack.exp();
+    let batch = match loads.len() {
+        1 => proportional,
+        n => {
+            let (a, b) = (loads[n - 2].0, last);
+            let slope = (b.slack.exp() - a.slack.exp()) / (b.batch - a.batch);
+            if slope.is_finite() && slope > 0.0 {
+                (b.batch + (target - b.slack.exp()) / slope).min(proportional)
+            } else {
+                proportional
+            }
+        }
+    };
+    // The cap that gives that batch: where the last run's cap bound its batch (prefills
+    // keep a few of its sequences from decoding), the same ratio of cap to batch; where it did
+    // not (the KV cache or the load kept the batch below it), the batch itself.
+    let bound = last.batch >= CAP_BOUND * last_cap as f64;
+    let scale = if bound {
+        last_cap as f64 / last.batch
+    } else {
+        1.0
+    };
+    if lowest_cap <= min {
+        return None;
+    }
+    let want = ((batch * scale).floor() as i64).clamp(min, lowest_cap - 1);
+    let mut cfg = point.clone();
+    let snapped = match coord_of(param, &crate::space::Value::Int(want)) {
+        Coord::Num(u) => from_unit(param, u),
+        _ => return None,
+    };
+    cfg.insert(cap.to_owned(), snapped);
+    space.repair(&mut cfg).ok()?;
+    let got = match cfg.get(cap) {
+        Some(crate::space::Value::Int(c)) if *c < lowest_cap => *c,
+        _ => return None,
+    };
+    Some(Proposal {
+        note: format!(
+            "{}: back-off: {cap} {last_cap} -> {got} (the last run decoded {:.0} sequences at once, {:+.0}% over its per-token latency limit)",
+            kind.name(),
+            last.batch,
+            100.0 * (last.slack.exp() - 1.0)
+        ),
+        config: cfg,
+        expected_improvement: None,
+    })
 }
 
 /// The number of model-guided trials in `history` (those after the baselines, the warm start

@@ -513,5 +513,6 @@ pub fn reduce_priors(space: &Space, plan: &Plan, frozen: &[String]) -> Plan {
         priors,
         one_at_a_time: None,
         guided_from: plan.guided_from,
+        cap: plan.cap.clone().filter(|c| !frozen.contains(c)),
     }
 }

@@ -60,6 +60,7 @@ fn evaluate(c: &Config) -> Obs {
             failed: true,
             measured: None,
             slack: Vec::new(),
+            decode: None,
         };
     }
     let m = match c.get("mode") {
@@ -81,6 +82,7 @@ fn ran(c: &Config, v: f64) -> Obs {
         failed: false,
         measured: Some(v),
         slack: Vec::new(),
+        decode: None,
     }
 }
 
@@ -329,6 +331,7 @@ fn bounded(c: &Config, with_slack: bool) -> Obs {
         } else {
             Vec::new()
         },
+        decode: None,
     }
 }
 
@@ -500,6 +503,7 @@ fn a_move_that_changes_feasibility_or_that_others_depend_on_is_never_frozen() {
                 failed: true,
                 measured: None,
                 slack: Vec::new(),
+                decode: None,
             };
         }
         h.push(o);
@@ -718,4 +722,117 @@ fn a_phase_whose_readings_are_too_noisy_freezes_nothing_and_says_so() {
         f.moved.iter().all(|m| m.why.contains("too noisy")),
         "{f:#?}"
     );
+}
+
+/// A decode-bound toy: `y` is the batch cap, 90% of it decodes at once, each token takes
+/// 10 ms plus 1 ms per sequence in the batch, against a 20 ms TPOT limit.
+fn decode_bound(c: &Config) -> Obs {
+    let batch = 0.9 * num(c, "y");
+    let tpot = 10.0 + batch;
+    let slack = (tpot / 20.0f64).ln();
+    let v = 100.0 * batch / tpot;
+    Obs {
+        config: c.clone(),
+        value: (slack <= 0.0).then_some(v),
+        failed: false,
+        measured: Some(v),
+        slack: vec![Some(slack)],
+        decode: Some(DecodeLoad { batch, slack }),
+    }
+}
+
+#[test]
+fn a_workload_point_over_a_per_token_limit_backs_off_its_batch_cap_until_it_fits() {
+    let plan = Plan {
+        budget: 16,
+        cap: Some("y".into()),
+        ..priors(0.7, 4.0, 1)
+    };
+    for kind in [Algorithm::Gp, Algorithm::Tpe] {
+        let mut opt = make(kind, &toy(), 0, &plan);
+        let mut h: Vec<Obs> = Vec::new();
+        let mut notes = Vec::new();
+        for _ in 0..5 {
+            let p = opt.propose(&h).unwrap();
+            notes.push(p.note.clone());
+            h.push(decode_bound(&p.config));
+        }
+        let ys: Vec<f64> = h.iter().map(|o| num(&o.config, "y")).collect();
+        // The prior's point (y = 16) decodes 14.4 at once, 22% over: a proportional step to
+        // 95% of the limit (y = 12, still 4% over), then an affine one through both (y = 10,
+        // 19 ms): the largest cap under the limit with its margin.
+        assert_eq!(ys[1..4], [16.0, 12.0, 10.0], "{notes:?}");
+        assert!(notes[2].contains("back-off: y 16 -> 12"), "{notes:?}");
+        assert!(notes[3].contains("back-off: y 12 -> 10"), "{notes:?}");
+        assert!(h[3].value.is_some());
+        for o in &h[2..4] {
+            let mut c = o.config.clone();
+            c.insert("y".into(), Value::Int(16));
+            assert_eq!(c, h[1].config, "a back-off moves the cap alone");
+        }
+        // Once a point fits, the design goes on.
+        assert!(notes[4].contains("start-up design"), "{notes:?}");
+    }
+    // A cap already at its least cannot back off: the design goes on.
+    let at_least = Plan {
+        budget: 16,
+        cap: Some("y".into()),
+        ..priors(0.0, 0.0, 1)
+    };
+    let mut opt = make(Algorithm::Gp, &toy(), 0, &at_least);
+    let mut h: Vec<Obs> = Vec::new();
+    for _ in 0..2 {
+        let p = opt.propose(&h).unwrap();
+        let mut o = decode_bound(&p.config);
+        o.value = None;
+        o.decode = Some(DecodeLoad {
+            batch: 0.9,
+            slack: 0.5,
+        });
+        h.push(o);
+    }
+    assert_eq!(num(&h[1].config, "y"), 1.0);
+    let next = opt.propose(&h).unwrap();
+    assert!(next.note.contains("start-up design"), "{}", next.note);
+}
+
+#[test]
+fn no_back_off_without_a_cap_a_per_token_limit_or_a_run_that_missed_it() {
+    let with_cap = Plan {
+        budget: 16,
+        cap: Some("y".into()),
+        ..priors(0.7, 4.0, 1)
+    };
+    let without_cap = Plan {
+        budget: 16,
+        ..priors(0.7, 4.0, 1)
+    };
+    let crashed = |c: &Config| Obs {
+        failed: true,
+        value: None,
+        measured: None,
+        slack: Vec::new(),
+        decode: None,
+        ..decode_bound(c)
+    };
+    let no_limit = |c: &Config| Obs {
+        decode: None,
+        ..decode_bound(c)
+    };
+    type Eval<'a> = &'a dyn Fn(&Config) -> Obs;
+    let cases: [(&Plan, Eval); 3] = [
+        (&without_cap, &decode_bound),
+        (&with_cap, &crashed),
+        (&with_cap, &no_limit),
+    ];
+    for (plan, eval) in cases {
+        let mut opt = make(Algorithm::Gp, &toy(), 0, plan);
+        let mut h: Vec<Obs> = Vec::new();
+        for _ in 0..2 {
+            let p = opt.propose(&h).unwrap();
+            h.push(eval(&p.config));
+        }
+        let next = opt.propose(&h).unwrap();
+        assert!(next.note.contains("start-up design"), "{}", next.note);
+    }
 }
