@@ -730,3 +730,144 @@ async fn in_a_study_of_two_engines_every_engines_defaults_are_remeasured_and_the
         out.verdict
     );
 }
+
+/// Scripted readings for a study with a validation workload: on `main` the defaults read 100
+/// and every other configuration 110 + its `max_num_seqs` / 100 (so the candidates rank by it);
+/// on `other` the defaults read 100, the first candidate validated there reads 80 and 112 in
+/// turn (4% slower on average, the interval far wider than the 5% tolerance: inconclusive at
+/// any cap) and every other candidate 110.
+struct Validation {
+    current: Option<Config>,
+    runs: usize,
+    defaults: Config,
+    first_validated: Option<Config>,
+    first_runs: usize,
+}
+
+impl Evaluator for Validation {
+    async fn start(&mut self, cfg: &Config, _dir: &Path) -> Result<Started, TrialFailure> {
+        self.current = Some(cfg.clone());
+        Ok(Started {
+            command: servetune::space::CommandLine {
+                env: Vec::new(),
+                argv: vec!["vllm".into()],
+            },
+            engine: "vllm".into(),
+            engine_version: None,
+            startup_s: 1.0,
+        })
+    }
+    async fn run(&mut self, spec: &RunSpec) -> Result<Measurement, TrialFailure> {
+        let cfg = self.current.clone().unwrap_or_default();
+        let seqs = match cfg.get("max_num_seqs") {
+            Some(servetune::space::Value::Int(n)) => *n as f64,
+            _ => 0.0,
+        };
+        let truth = if cfg == self.defaults {
+            100.0
+        } else if spec.workload == 0 {
+            110.0 + seqs / 100.0
+        } else {
+            if self.first_validated.is_none() {
+                self.first_validated = Some(cfg.clone());
+            }
+            if self.first_validated.as_ref() == Some(&cfg) {
+                self.first_runs += 1;
+                if self.first_runs % 2 == 1 {
+                    80.0
+                } else {
+                    112.0
+                }
+            } else {
+                110.0
+            }
+        };
+        self.runs += 1;
+        let v = truth * (1.0 + 0.004 * ((self.runs % 5) as f64 - 2.0));
+        let n = ((400.0 * spec.fraction).round() as usize).max(1);
+        let mut lat = std::collections::BTreeMap::new();
+        lat.insert("tpot:mean".to_owned(), 10.0);
+        lat.insert("ttft:p99".to_owned(), 100.0);
+        lat.insert("ttft:mean".to_owned(), 50.0);
+        Ok(Measurement {
+            workload: self.workloads()[spec.workload].clone(),
+            num_prompts: n,
+            duration_s: 10.0,
+            completed: n,
+            success_rate: 1.0,
+            total_token_throughput: v,
+            output_throughput: v / 2.0,
+            request_throughput: v / 100.0,
+            latencies_ms: lat,
+            ..Default::default()
+        })
+    }
+    async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
+        self.current = None;
+        Ok(None)
+    }
+    fn workloads(&self) -> Vec<String> {
+        vec!["main".into(), "other".into()]
+    }
+}
+
+#[tokio::test]
+async fn a_runner_up_is_validated_in_rounds_of_its_own_when_the_leader_is_passed_over_at_the_cap() {
+    // Issue 20 item 9, validation: the fastest candidate stays inconclusive on the validation
+    // workload up to the cap of 5 rounds and is passed over; the runner-up, +10% there, used to
+    // get no validation round at all (the cap counted every leader's rounds together) and the
+    // study kept the defaults "not validated on every workload".
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t = text("runner-up", "\"max_num_seqs\"", "", "[screening]\nfraction = 1\n")
+        .replace("optimizer = \"tpe\"", "optimizer = \"random\"")
+        + "\n[[workload]]\nname = \"other\"\nargs = [\"--dataset-name\", \"random\", \"--num-prompts\", \"400\", \"--max-concurrency\", \"8\", \"--tokenizer\", \"words\"]\n";
+    let study = Study::parse(&t, Path::new("v.toml")).unwrap();
+    let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
+    let space = servetune::tune::restrict(space, study.spec.study.params.as_deref()).unwrap();
+    let eval = Validation {
+        current: None,
+        runs: 0,
+        defaults: space.defaults(),
+        first_validated: None,
+        first_runs: 0,
+    };
+    let mut r = Runner::new(store.clone(), study, space, eval, dir.path().join("trials"));
+    r.study.spec.budget.trials = 4;
+    r.run().await.unwrap();
+    let first = r
+        .eval
+        .first_validated
+        .clone()
+        .expect("a candidate was validated");
+    let ts = Records::new(store.clone()).trials("runner-up").unwrap();
+    let seq_of = |cfg: &Config| {
+        search(&ts)
+            .iter()
+            .find(|t| &t.config == cfg)
+            .map(|t| t.seq)
+            .unwrap()
+    };
+    let leader = seq_of(&first);
+    let rounds = |cand: u32| {
+        ts.iter()
+            .filter(
+                |t| matches!(&t.kind, TrialKind::Validate { candidate, .. } if *candidate == cand),
+            )
+            .count()
+    };
+    assert_eq!(rounds(leader), 5, "the leader ran to the cap");
+    let rec = Records::new(store.clone())
+        .study("runner-up")
+        .unwrap()
+        .unwrap();
+    let out = rec.outcome.unwrap();
+    let recommended = out.recommended.expect(&out.verdict);
+    assert_ne!(recommended, leader, "{}", out.verdict);
+    assert!(
+        (3..=5).contains(&rounds(recommended)),
+        "the runner-up's own validation rounds: {}",
+        rounds(recommended)
+    );
+    assert!(out.verdict.starts_with("run trial #"), "{}", out.verdict);
+}

@@ -3,9 +3,14 @@
 //! minimum sample. The tuner uses it as its trial-level early stop, so a bad configuration costs
 //! seconds instead of a full benchmark.
 //!
-//! The unit of evidence is the request (an ITL limit takes each request's mean gap, or its
-//! share of gaps above the limit). A mean limit is breached when the lower one-sided
-//! confidence bound of the mean exceeds it; a percentile limit `Pq ≤ L` is breached when the
+//! The unit of evidence is the request: a request's tokens share its batch and its neighbours,
+//! so they are not independent samples. ITL is reported over every gap of the run (`vllm bench
+//! serve` pools them: a long request weighs more than a short one), so an ITL limit is tested on
+//! the pooled statistic, the ratio of the requests' sums (gaps in ms, or gaps above the limit)
+//! to their gap counts, with the ratio estimator's variance over requests (the delta method);
+//! every other metric has one value per request, and the same formulas reduce to the plain
+//! mean. A mean limit is breached when the lower one-sided confidence bound of the mean exceeds
+//! it; a percentile limit `Pq ≤ L` is breached when the
 //! lower Wilson bound on the share of requests above `L` exceeds `1 − q/100` (or at once, when
 //! so many already exceed `L` that no later request can bring the percentile back under it).
 //! The tests run at `LOOKS` planned points only (the first after a quarter of the run, two
@@ -134,14 +139,25 @@ pub struct AbortMonitor {
     policy: AbortPolicy,
     total: usize,
     failed: usize,
-    /// Per limit, one sample per request (in ms; for ITL, the request's own statistic).
-    samples: Vec<Vec<f64>>,
-    /// Completions between looks (the first is after the minimum sample, a quarter of the
-    /// run and two waves of the concurrency: the first completions of a burst are its
-    /// shortest requests, not a sample of the run).
+    /// Per limit, one sample per request, at the request's index in the run (its dispatch
+    /// order): (value, weight). The value is in ms with weight 1; for ITL, the sum over the
+    /// request's gaps (of the gap in ms, or of 1 for a gap above the limit) with its gap count
+    /// as the weight. `None`: not finished, failed, or no value (one output token).
+    samples: Vec<Vec<Option<(f64, f64)>>>,
+    /// Per limit, how many finished requests read above it (for the certain breach).
+    above: Vec<usize>,
+    /// Which requests have finished (in dispatch order).
+    finished: Vec<bool>,
+    /// The tests read the requests dispatched first, `0..prefix`, once every one of them has
+    /// finished: dispatch order is independent of a request's length, completion order is not
+    /// (short requests finish first, and a sample of the first completions would be a sample
+    /// of the short requests).
+    prefix: usize,
+    /// Finished requests (of the prefix) between looks; the first look is after the minimum
+    /// sample, a quarter of the run and two waves of the concurrency (the first burst starts
+    /// all at once, and queues behind itself).
     step: usize,
     next_look: usize,
-    completed: usize,
     z: f64,
 }
 
@@ -154,7 +170,8 @@ impl AbortMonitor {
     pub fn with_concurrency(policy: AbortPolicy, total: usize, concurrency: Option<usize>) -> Self {
         let alpha = (1.0 - policy.confidence.clamp(0.5, 0.999_999)) / LOOKS as f64;
         let z = normal_quantile(1.0 - alpha);
-        let samples = vec![Vec::new(); policy.limits.len()];
+        let samples = vec![vec![None; total]; policy.limits.len()];
+        let above = vec![0; policy.limits.len()];
         let waves = concurrency.map_or(0, |c| 2 * c);
         let first_look = policy.min_samples.max(2).max(total.div_ceil(4)).max(waves);
         let step = (total.saturating_sub(first_look))
@@ -165,9 +182,11 @@ impl AbortMonitor {
             total,
             failed: 0,
             samples,
+            above,
+            finished: vec![false; total],
+            prefix: 0,
             step,
             next_look: first_look,
-            completed: 0,
             z,
         }
     }
@@ -177,6 +196,14 @@ impl AbortMonitor {
         if r.warmup || r.failure == Some(FailureKind::Aborted) {
             return None;
         }
+        if r.index >= self.finished.len() {
+            // More records than planned (never from `bench::run`): room for them.
+            self.finished.resize(r.index + 1, false);
+            for s in &mut self.samples {
+                s.resize(r.index + 1, None);
+            }
+        }
+        self.finished[r.index] = true;
         if !r.success {
             self.failed += 1;
             if let Some(floor) = self.policy.min_success_rate {
@@ -191,47 +218,54 @@ impl AbortMonitor {
                     ));
                 }
             }
-            return None;
-        }
-        self.completed += 1;
-        for (i, lim) in self.policy.limits.iter().enumerate() {
-            let s = &mut self.samples[i];
-            // One sample per request: a request's tokens share its batch and its neighbours,
-            // so they are not independent samples. For ITL the request contributes its mean
-            // gap (mean limits) or the share of its gaps above the limit (percentile limits).
-            let v = match lim.metric {
-                Metric::Ttft => Some(r.ttft_s * 1000.0),
-                Metric::E2el => Some(r.latency_s * 1000.0),
-                Metric::Tpot => r.tpot_s().map(|t| t * 1000.0),
-                Metric::Itl if r.itl_s.is_empty() => None,
-                Metric::Itl => {
-                    let n = r.itl_s.len() as f64;
-                    Some(match lim.stat.quantile() {
-                        None => r.itl_s.iter().sum::<f64>() * 1000.0 / n,
-                        Some(_) => {
-                            r.itl_s
-                                .iter()
-                                .filter(|x| **x * 1000.0 > lim.limit_ms)
-                                .count() as f64
-                                / n
-                        }
-                    })
+        } else {
+            for (i, lim) in self.policy.limits.iter().enumerate() {
+                // One sample per request (see the module's header).
+                let v = match lim.metric {
+                    Metric::Ttft => Some((r.ttft_s * 1000.0, 1.0)),
+                    Metric::E2el => Some((r.latency_s * 1000.0, 1.0)),
+                    Metric::Tpot => r.tpot_s().map(|t| (t * 1000.0, 1.0)),
+                    Metric::Itl if r.itl_s.is_empty() => None,
+                    Metric::Itl => {
+                        let n = r.itl_s.len() as f64;
+                        Some(match lim.stat.quantile() {
+                            None => (r.itl_s.iter().sum::<f64>() * 1000.0, n),
+                            Some(_) => (
+                                r.itl_s
+                                    .iter()
+                                    .filter(|x| **x * 1000.0 > lim.limit_ms)
+                                    .count() as f64,
+                                n,
+                            ),
+                        })
+                    }
+                };
+                if let Some((x, _)) = v {
+                    if x > lim.limit_ms {
+                        self.above[i] += 1;
+                    }
                 }
-            };
-            if let Some(v) = v {
-                s.push(v);
-            }
-            // A per-request percentile limit can be breached for certain at any time.
-            if let Some(reason) = certain_breach(lim, s, self.total) {
-                return Some(reason);
+                self.samples[i][r.index] = v;
+                // A per-request percentile limit can be breached for certain at any time.
+                if let Some(reason) = certain_breach(lim, self.above[i], self.total) {
+                    return Some(reason);
+                }
             }
         }
-        if self.completed < self.next_look {
+        while self.prefix < self.finished.len() && self.finished[self.prefix] {
+            self.prefix += 1;
+        }
+        if self.prefix < self.next_look {
             return None;
         }
-        self.next_look = self.completed + self.step;
+        self.next_look = self.prefix + self.step;
         for (i, lim) in self.policy.limits.iter().enumerate() {
-            if let Some(reason) = breach(lim, &self.samples[i], self.z) {
+            let s: Vec<(f64, f64)> = self.samples[i][..self.prefix]
+                .iter()
+                .flatten()
+                .copied()
+                .collect();
+            if let Some(reason) = breach(lim, &s, self.z) {
                 return Some(reason);
             }
         }
@@ -241,13 +275,12 @@ impl AbortMonitor {
 
 /// A per-request percentile limit `Pq ≤ L` is breached for certain once more than
 /// `(1 − q/100) · total + 1` requests exceed `L`: no later sample can bring it back.
-fn certain_breach(lim: &LatencyLimit, s: &[f64], total: usize) -> Option<String> {
+fn certain_breach(lim: &LatencyLimit, k: usize, total: usize) -> Option<String> {
     let q = lim.stat.quantile()?;
     if lim.metric == Metric::Itl {
         return None;
     }
     let allowed = 1.0 - q / 100.0;
-    let k = s.iter().filter(|&&x| x > lim.limit_ms).count();
     ((k as f64) > allowed * total as f64 + 1.0).then(|| {
         format!(
             "{} breached: {k} of {total} requests above {} ms already (at most {:.0} allowed)",
@@ -258,15 +291,23 @@ fn certain_breach(lim: &LatencyLimit, s: &[f64], total: usize) -> Option<String>
     })
 }
 
-/// The lower one-sided bound of a mean at `z`.
-fn mean_lower(s: &[f64], z: f64) -> (f64, f64) {
+/// The pooled mean `Σy / Σw` of `(y, w)` samples and its lower one-sided bound at `z`. The
+/// variance is the ratio estimator's (delta method): the residuals `y − R·w` over the
+/// requests, scaled by the mean weight; with every weight 1 it is the plain mean's.
+fn mean_lower(s: &[(f64, f64)], z: f64) -> (f64, f64) {
     let nf = s.len() as f64;
-    let mean = s.iter().sum::<f64>() / nf;
-    let var = s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (nf - 1.0);
-    (mean, mean - z * (var / nf).sqrt())
+    let (sy, sw) = s.iter().fold((0.0, 0.0), |(a, b), (y, w)| (a + y, b + w));
+    let ratio = sy / sw;
+    let wbar = sw / nf;
+    let var = s
+        .iter()
+        .map(|(y, w)| (y - ratio * w) * (y - ratio * w))
+        .sum::<f64>()
+        / (nf - 1.0);
+    (ratio, ratio - z * (var / nf).sqrt() / wbar)
 }
 
-fn breach(lim: &LatencyLimit, s: &[f64], z: f64) -> Option<String> {
+fn breach(lim: &LatencyLimit, s: &[(f64, f64)], z: f64) -> Option<String> {
     let n = s.len();
     if n < 2 {
         return None;
@@ -286,7 +327,7 @@ fn breach(lim: &LatencyLimit, s: &[f64], z: f64) -> Option<String> {
             })
         }
         (Some(q), Metric::Itl) => {
-            // The requests' shares of gaps above the limit: their mean is the pooled share.
+            // The pooled share of gaps above the limit, as the run's percentile counts them.
             let allowed = 1.0 - q / 100.0;
             let (mean, lower) = mean_lower(s, z);
             (lower > allowed).then(|| {
@@ -303,7 +344,7 @@ fn breach(lim: &LatencyLimit, s: &[f64], z: f64) -> Option<String> {
         }
         (Some(q), _) => {
             let allowed = 1.0 - q / 100.0;
-            let k = s.iter().filter(|&&x| x > lim.limit_ms).count();
+            let k = s.iter().filter(|&&(x, _)| x > lim.limit_ms).count();
             let lower = wilson_lower(k as f64, nf, z);
             (lower > allowed).then(|| {
                 format!(
@@ -347,6 +388,27 @@ pub fn normal_quantile(p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A monitor fed records in dispatch order (each record's index is set to its position).
+    struct Feed {
+        m: AbortMonitor,
+        n: usize,
+    }
+
+    impl Feed {
+        fn from(m: AbortMonitor) -> Self {
+            Feed { m, n: 0 }
+        }
+
+        fn observe(&mut self, r: &RequestRecord) -> Option<String> {
+            let r = RequestRecord {
+                index: self.n,
+                ..r.clone()
+            };
+            self.n += 1;
+            self.m.observe(&r)
+        }
+    }
 
     fn ok(ttft_ms: f64) -> RequestRecord {
         RequestRecord {
@@ -399,7 +461,7 @@ mod tests {
             min_success_rate: Some(0.99),
             ..Default::default()
         };
-        let mut m = AbortMonitor::new(p, 100);
+        let mut m = Feed::from(AbortMonitor::new(p, 100));
         assert!(m.observe(&failed()).is_none(), "99/100 is still possible");
         let why = m.observe(&failed()).expect("98/100 < 99%");
         assert!(why.contains("2 of 100"), "{why}");
@@ -413,13 +475,13 @@ mod tests {
             ..Default::default()
         };
         // 40 requests: the first look is at max(10 samples, a quarter of the run).
-        let mut m = AbortMonitor::new(p.clone(), 40);
+        let mut m = Feed::from(AbortMonitor::new(p.clone(), 40));
         for _ in 0..9 {
             assert!(m.observe(&ok(500.0)).is_none(), "below the minimum sample");
         }
         assert!(m.observe(&ok(500.1)).is_some());
         // Values scattered around the limit never abort.
-        let mut m = AbortMonitor::new(p, 1000);
+        let mut m = Feed::from(AbortMonitor::new(p, 1000));
         for i in 0..500 {
             let v = if i % 2 == 0 { 60.0 } else { 139.0 };
             assert!(m.observe(&ok(v)).is_none());
@@ -434,14 +496,14 @@ mod tests {
             ..Default::default()
         };
         // 5% above the limit: P90 is fine.
-        let mut m = AbortMonitor::new(p.clone(), 10_000);
+        let mut m = Feed::from(AbortMonitor::new(p.clone(), 10_000));
         for i in 0..2000 {
             assert!(m
                 .observe(&ok(if i % 20 == 0 { 300.0 } else { 50.0 }))
                 .is_none());
         }
         // 50% above: breached beyond doubt at the first look (a quarter of 200).
-        let mut m = AbortMonitor::new(p, 200);
+        let mut m = Feed::from(AbortMonitor::new(p, 200));
         let mut hit = None;
         for i in 0..200 {
             if let Some(w) = m.observe(&ok(if i % 2 == 0 { 300.0 } else { 50.0 })) {
@@ -469,6 +531,7 @@ mod tests {
     /// one-sided 99% (kept here to show the simulation can tell the two apart).
     fn naive_aborts(samples: &[f64], limit: f64) -> bool {
         let z = normal_quantile(0.99);
+        let samples: Vec<(f64, f64)> = samples.iter().map(|x| (*x, 1.0)).collect();
         (20..=samples.len()).any(|n| {
             let (_, lower) = mean_lower(&samples[..n], z);
             lower > limit
@@ -494,7 +557,7 @@ mod tests {
                 limits: vec![LatencyLimit::parse("tpot:mean:50").unwrap()],
                 ..Default::default()
             };
-            let mut m = AbortMonitor::with_concurrency(p, 200, Some(16));
+            let mut m = Feed::from(AbortMonitor::with_concurrency(p, 200, Some(16)));
             if xs.iter().any(|x| m.observe(&tpot_record(*x)).is_some()) {
                 ours += 1;
             }
@@ -529,7 +592,7 @@ mod tests {
                 limits: vec![LatencyLimit::parse("itl:mean:20").unwrap()],
                 ..Default::default()
             };
-            let mut m = AbortMonitor::with_concurrency(p, 100, Some(8));
+            let mut m = Feed::from(AbortMonitor::with_concurrency(p, 100, Some(8)));
             let hit = (0..100).any(|_| {
                 let pace: f64 = dist.sample(&mut rng) / 1000.0;
                 let r = RequestRecord {
@@ -549,7 +612,7 @@ mod tests {
             limits: vec![LatencyLimit::parse("itl:mean:20").unwrap()],
             ..Default::default()
         };
-        let mut m = AbortMonitor::with_concurrency(p, 100, Some(8));
+        let mut m = Feed::from(AbortMonitor::with_concurrency(p, 100, Some(8)));
         let at = (0..100).position(|i| {
             let r = RequestRecord {
                 success: true,
@@ -559,5 +622,97 @@ mod tests {
             m.observe(&r).is_some()
         });
         assert_eq!(at, Some(24), "the first look is at a quarter of the run");
+    }
+
+    /// A closed-loop run of `n` requests at concurrency `c`: half short (16 gaps) at `short_ms`
+    /// per gap, half long (256 gaps) at `long_ms`, each request at its own pace around them, in
+    /// a random dispatch order; the records come back in completion order (short ones first).
+    fn mixed_run(
+        rng: &mut rand::rngs::StdRng,
+        n: usize,
+        c: usize,
+        short_ms: f64,
+        long_ms: f64,
+    ) -> Vec<RequestRecord> {
+        use rand::Rng;
+        use rand_distr::Distribution;
+        let jitter = rand_distr::LogNormal::new(0.0, 0.15).unwrap();
+        let mut free = vec![0.0f64; c];
+        let mut done: Vec<(f64, RequestRecord)> = (0..n)
+            .map(|index| {
+                let (gaps, ms) = if rng.random_bool(0.5) {
+                    (16, short_ms)
+                } else {
+                    (256, long_ms)
+                };
+                let pace = ms * jitter.sample(rng) / 1000.0;
+                let slot = (0..c).min_by(|a, b| free[*a].total_cmp(&free[*b])).unwrap();
+                free[slot] += pace * gaps as f64;
+                let r = RequestRecord {
+                    index,
+                    success: true,
+                    itl_s: vec![pace; gaps],
+                    ..Default::default()
+                };
+                (free[slot], r)
+            })
+            .collect();
+        done.sort_by(|a, b| a.0.total_cmp(&b.0));
+        done.into_iter().map(|(_, r)| r).collect()
+    }
+
+    #[test]
+    fn itl_limit_tests_the_pooled_gaps_in_dispatch_order() {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let policy = AbortPolicy {
+            limits: vec![LatencyLimit::parse("itl:mean:20").unwrap()],
+            ..Default::default()
+        };
+        let aborts = |rng: &mut rand::rngs::StdRng, short_ms, long_ms| {
+            let runs = 400;
+            let mut hits = 0;
+            let mut per_request = 0.0;
+            for _ in 0..runs {
+                let run = mixed_run(rng, 200, 8, short_ms, long_ms);
+                per_request += run
+                    .iter()
+                    .map(|r| r.itl_s.iter().sum::<f64>() / r.itl_s.len() as f64)
+                    .sum::<f64>()
+                    * 1000.0
+                    / run.len() as f64
+                    / runs as f64;
+                let mut m = AbortMonitor::with_concurrency(policy.clone(), 200, Some(8));
+                if run.iter().any(|r| m.observe(r).is_some()) {
+                    hits += 1;
+                }
+            }
+            (hits as f64 / runs as f64, per_request)
+        };
+        // Slow short requests, fast long ones: the run's mean ITL over its gaps is about
+        // 18.5 ms (it meets the limit), the mean of the requests' means about 22 ms, and the
+        // first completions are the short ones at 26 ms. Neither may make it abort.
+        let (rate, per_request) = aborts(&mut rng, 26.0, 18.0);
+        assert!(
+            per_request > 21.0,
+            "the per-request mean {per_request:.1} ms"
+        );
+        assert!(
+            rate <= 0.02,
+            "false aborts in {:.1}% of the runs",
+            100.0 * rate
+        );
+        // The reverse: fast short requests hide slow long ones (22.5 ms over the gaps, 18.5 ms
+        // per request): the limit is breached and the run is stopped.
+        let (rate, per_request) = aborts(&mut rng, 14.0, 23.0);
+        assert!(
+            per_request < 19.0,
+            "the per-request mean {per_request:.1} ms"
+        );
+        assert!(
+            rate >= 0.95,
+            "breach caught in only {:.1}% of the runs",
+            100.0 * rate
+        );
     }
 }

@@ -118,6 +118,7 @@ fn study(rules: &Rules, d: &Design, gain: f64, o: &GateOptions, rng: &mut StdRng
                 candidates: &[1],
                 trials: &trials,
                 last,
+                open: &[],
             },
         );
         if decision.pending != Pending::Remeasure || last {

@@ -195,6 +195,10 @@ pub struct Input<'a> {
     pub trials: &'a [TrialRecord],
     /// Whether this is the last word (no more rounds may be run).
     pub last: bool,
+    /// Candidates whose validation may still run rounds of its own (a runner-up that leads
+    /// once the first leader was passed over at its cap): their inconclusive checks are not
+    /// final, even at the last word.
+    pub open: &'a [u32],
 }
 
 /// One arm's rounds on one workload.
@@ -772,18 +776,17 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
             }
         })
     };
-    // One candidate's checks on every workload it has run (a validation workload not run yet
-    // is skipped; one whose rounds were all set aside is not: its checks are inconclusive).
+    // One candidate's checks on every workload it has run (a validation workload it has not
+    // run yet is skipped; one whose rounds were all set aside is not: its checks are
+    // inconclusive).
     let checks_of = |cand: u32| -> Vec<Check> {
         let mut checks = Vec::new();
         for (wi, name) in input.workloads.iter().enumerate() {
             let b = arm_runs(wi, base.seq);
             let c = arm_runs(wi, cand);
-            let unrun = b.measured.is_empty()
-                && c.measured.is_empty()
-                && c.failed.is_empty()
-                && !b.any_set_aside()
-                && !c.any_set_aside();
+            // Not run by this candidate (the defaults may have run it beside an earlier
+            // leader).
+            let unrun = c.measured.is_empty() && c.failed.is_empty() && !c.any_set_aside();
             if wi > 0 && unrun {
                 continue;
             }
@@ -807,12 +810,13 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     // At the last look an inconclusive check will not be settled either: a candidate left
     // with one is passed over too, for one that passes every check.
     let tol = 100.0 * rules.tolerance;
+    let is_final = |cand: u32| input.last && !input.open.contains(&cand);
     let mut passed_over: Vec<(u32, String)> = Vec::new();
     let mut significant_leader: Option<(Comparison, Vec<Check>)> = None;
     for c in &ranked {
         let k = checks_of(c.candidate);
         let regress = describe(&k, CheckState::Regression);
-        let unsure = if input.last {
+        let unsure = if is_final(c.candidate) {
             describe(&k, CheckState::Inconclusive)
         } else {
             Vec::new()
@@ -985,7 +989,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
                     } else {
                         format!("its effect is inconclusive (the interval straddles the {tol:.0}% tolerance) on: {}", unsure.join("; "))
                     },
-                    if input.last { "at the round cap" } else { "so far" }
+                    if is_final(l.candidate) { "at the round cap" } else { "so far" }
                 )
             } else {
                 format!(
@@ -1246,6 +1250,7 @@ mod tests {
                     candidates: cands,
                     trials: &self.trials,
                     last,
+                    open: &[],
                 },
             )
         }

@@ -101,6 +101,29 @@ impl<E: Evaluator> Runner<E> {
         }
     }
 
+    /// The same runner around another evaluator made from this one (`wrap`): a wrapper that
+    /// disturbs the machine at chosen trials (the real-engine fault tests), or measures more.
+    pub fn map_eval<F: Evaluator>(self, wrap: impl FnOnce(E) -> F) -> Runner<F> {
+        Runner {
+            records: self.records,
+            study: self.study,
+            space: self.space,
+            eval: wrap(self.eval),
+            trial_root: self.trial_root,
+            hardware: self.hardware,
+            engine_versions: self.engine_versions,
+            dropped_flags: self.dropped_flags,
+            trigger: self.trigger,
+            progress: self.progress,
+            cancel: self.cancel,
+            warm: self.warm,
+            optimizer: self.optimizer,
+            algorithm: self.algorithm,
+            plan: self.plan,
+            priors: self.priors,
+        }
+    }
+
     fn say(&mut self, s: &str) {
         (self.progress)(s);
     }
@@ -361,6 +384,11 @@ impl<E: Evaluator> Runner<E> {
                 .or(t.screen.as_ref())
                 .map(|m| m.slack(limits))
                 .unwrap_or_default(),
+            decode: t
+                .full
+                .as_ref()
+                .or(t.screen.as_ref())
+                .and_then(|m| m.decode_load(limits)),
         }
     }
 
@@ -1327,6 +1355,11 @@ impl<E: Evaluator> Runner<E> {
 
     /// The gate's answer on the records so far (`last`: no more rounds may be run).
     fn decision(&self, all: &[TrialRecord], last: bool) -> Option<Decision> {
+        self.decision_open(all, last, &[])
+    }
+
+    /// As `decision`, with candidates whose validation may still run (`decide::Input::open`).
+    fn decision_open(&self, all: &[TrialRecord], last: bool, open: &[u32]) -> Option<Decision> {
         let (base, cands) = self.arms(all)?;
         let names = self.eval.workloads();
         let rules = super::spec::rules_of(&self.study.spec, &self.study.limits);
@@ -1338,6 +1371,7 @@ impl<E: Evaluator> Runner<E> {
                 candidates: &cands,
                 trials: all,
                 last,
+                open,
             },
         ))
     }
@@ -1412,6 +1446,56 @@ impl<E: Evaluator> Runner<E> {
         self.save(rec)
     }
 
+    /// The validation rounds `candidate` has finished (a round's trial still running, as after
+    /// a crash, does not count).
+    fn rounds_led(all: &[TrialRecord], candidate: u32) -> u32 {
+        let mut rounds: Vec<u32> = all
+            .iter()
+            .filter_map(|t| match &t.kind {
+                TrialKind::Validate {
+                    round,
+                    candidate: c,
+                    ..
+                } if *c == candidate && t.status != TrialStatus::Running => Some(*round),
+                _ => None,
+            })
+            .collect();
+        rounds.sort_unstable();
+        rounds.dedup();
+        rounds.len() as u32
+    }
+
+    /// The index of the next validation round of `leader` (rounds are numbered across
+    /// leaders): the last round again when it is the leader's and not finished (a resume after
+    /// a crash picks up the same trials), else the one after it.
+    fn next_validation_round(all: &[TrialRecord], workloads: usize, base: u32, leader: u32) -> u32 {
+        let last = all
+            .iter()
+            .filter_map(|t| match &t.kind {
+                TrialKind::Validate { round, .. } => Some(*round),
+                _ => None,
+            })
+            .max();
+        let Some(last) = last else { return 0 };
+        let in_last = |arm: u32| {
+            all.iter().filter(move |t| {
+                matches!(&t.kind, TrialKind::Validate { round, candidate, .. } if *round == last && *candidate == arm)
+            })
+        };
+        let finished = |arm: u32| {
+            in_last(arm)
+                .filter(|t| t.status != TrialStatus::Running)
+                .count()
+                >= workloads.saturating_sub(1)
+        };
+        let leaders = in_last(leader).next().is_some();
+        if leaders && !(finished(base) && finished(leader)) {
+            last
+        } else {
+            last + 1
+        }
+    }
+
     fn rounds_of(all: &[TrialRecord], remeasure: bool) -> u32 {
         all.iter()
             .filter_map(|t| match (&t.kind, remeasure) {
@@ -1436,14 +1520,23 @@ impl<E: Evaluator> Runner<E> {
             self.study.spec.remeasure.max_repeats,
         );
         let remeasure_rounds = Self::rounds_of(&all, true);
-        let mut round = 0;
         let why;
         loop {
             let all = self.records.trials(&rec.id)?;
-            let Some(d) = self.decision(&all, round >= max) else {
+            // The minimum and the cap count each leader's own rounds: a runner-up that leads
+            // once the first leader was passed over (a regression, or a check still
+            // inconclusive at its cap) is validated in rounds of its own.
+            let cands = self.arms(&all).map(|(_, c)| c).unwrap_or_default();
+            let open: Vec<u32> = cands
+                .iter()
+                .copied()
+                .filter(|&c| Self::rounds_led(&all, c) < max)
+                .collect();
+            let Some(d) = self.decision_open(&all, open.len() < cands.len(), &open) else {
                 why = "no baseline".to_owned();
                 break;
             };
+            let done = d.leader.map_or(0, |l| Self::rounds_led(&all, l));
             if !d.validate {
                 why = if d.pending == Pending::Remeasure {
                     format!("the gain was not settled at the cap of {remeasure_rounds} re-measurement rounds")
@@ -1456,11 +1549,11 @@ impl<E: Evaluator> Runner<E> {
                 };
                 break;
             }
-            if round >= min && d.pending != Pending::Validate {
-                why = format!("the decision was clear after {round} validation rounds");
+            if done >= min && d.pending != Pending::Validate {
+                why = format!("the decision was clear after {done} validation rounds");
                 break;
             }
-            if round >= max {
+            if done >= max {
                 why = format!("validation reached its cap of {max} rounds");
                 break;
             }
@@ -1468,18 +1561,19 @@ impl<E: Evaluator> Runner<E> {
                 why = "no leader".to_owned();
                 break;
             };
-            if round == 0 {
+            if done == 0 {
                 self.say(&format!(
                     "validating trial #{leader} against the defaults #{} on {} other workload(s)",
                     base.seq,
                     names.len() - 1
                 ));
-            } else if round >= min {
+            } else if done >= min {
                 self.say(&format!(
-                    "after {round} validation rounds it is not settled ({}); another round",
+                    "after {done} validation rounds it is not settled ({}); another round",
                     d.verdict
                 ));
             }
+            let round = Self::next_validation_round(&all, names.len(), base.seq, leader);
             let order = if round % 2 == 0 {
                 [base.seq, leader]
             } else {
@@ -1500,7 +1594,6 @@ impl<E: Evaluator> Runner<E> {
                 }
             }
             self.run_plan(rec, plan).await?;
-            round += 1;
         }
         let all = self.records.trials(&rec.id)?;
         let d = self
