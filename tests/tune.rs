@@ -975,7 +975,7 @@ fn a_guard_that_cannot_be_decided_at_the_workloads_size_is_said_at_the_start() {
 }
 
 #[test]
-fn a_study_without_an_optimiser_gets_the_benchmarks_choice_for_its_dimension() {
+fn a_study_without_an_optimiser_gets_the_benchmarks_choice_for_its_dimension_and_budget() {
     let text = study_text("auto", "gp", "").replace("optimizer = \"gp\"\n", "");
     let s = Study::parse(&text, Path::new("x.toml")).unwrap();
     assert_eq!(s.spec.study.optimizer, None);
@@ -988,8 +988,13 @@ fn a_study_without_an_optimiser_gets_the_benchmarks_choice_for_its_dimension() {
             .map(|p| p.name.clone())
             .collect::<Vec<_>>(),
     );
-    assert_eq!(servetune::tune::opt::default_for(&small), Algorithm::Gp);
-    assert_eq!(servetune::tune::opt::default_for(&space), Algorithm::Tpe);
+    assert_eq!(servetune::tune::opt::default_for(&small, 12), Algorithm::Gp);
+    assert_eq!(
+        servetune::tune::opt::default_for(&space, 12),
+        Algorithm::Tpe
+    );
+    // From 20 trials the GP leads in a large space too.
+    assert_eq!(servetune::tune::opt::default_for(&space, 20), Algorithm::Gp);
 }
 
 /// The importance phase on a simulated study: one trial per option, each alone away from the

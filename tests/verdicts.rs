@@ -2,7 +2,33 @@
 //! performance model (`SimEvaluator`) behind a wrapper that disturbs chosen runs (a CPU hog
 //! during one trial), injects a transient failed request, or fails to start an engine for a
 //! reason that is servetune's own (infrastructure). Each test fails on the code before the
-//! verdict gate (`tune::decide`) and the fixes of the verdicts issue.
+//! verdict gate (`tune::decide`) and the fixes of the verdicts issues.
+//!
+//! Issue 20 ("the gate says yes when it should and only then"), item by item, with the test
+//! that fails without each fix (here unless another file is named):
+//! 1. infeasible defaults: `tune::decide`'s
+//!    `defaults_just_over_a_limit_are_not_infeasible_and_a_slower_candidate_is_not_recommended`
+//!    and `against_defaults_that_surely_miss_a_limit_a_candidate_may_not_lose_beyond_the_tolerance`;
+//! 2. "failed to start": `defaults_that_crash_once_run_again_and_are_not_taken_as_unable_to_start`;
+//! 3. the reference: `in_a_study_of_two_engines_every_engines_defaults_are_remeasured_and_the_best_is_the_reference`;
+//! 4. mixed units: `tune::decide`'s `a_round_without_the_objective_moves_the_whole_comparison_to_the_fallback`;
+//! 5. alpha spending: `mock::gate_bench`'s
+//!    `at_the_shipped_level_a_candidate_no_better_than_the_defaults_is_rarely_recommended`;
+//! 6. the ITL abort: `bench::abort`'s `itl_limit_tests_the_pooled_gaps_in_dispatch_order`;
+//! 7. guards that cannot be decided: `tests/tune.rs`'s
+//!    `a_guard_that_cannot_be_decided_at_the_workloads_size_is_said_at_the_start`;
+//! 8. defaults that cannot start: `tune::decide`'s
+//!    `defaults_that_cannot_start_leave_the_best_feasible_candidate_judged_on_its_constraints`;
+//! 9. the runner-up: `tune::decide`'s
+//!    `a_runner_up_that_passes_every_check_is_recommended_when_the_leader_fails_a_guard` and
+//!    `a_runner_up_is_validated_in_rounds_of_its_own_when_the_leader_is_passed_over_at_the_cap`;
+//! 10. a run stopped at one failure: `a_run_stopped_at_its_first_failed_request_is_confirmed_whatever_it_read`;
+//! 11. the wording: `tune::decide`'s `with_no_feasible_candidate_the_verdict_says_so_and_claims_no_comparison`;
+//!     the daemon's time left: `daemon::views`'s `the_time_left_does_not_count_the_time_a_study_was_paused`;
+//! 12. the machine's round: `tune::decide`'s
+//!     `a_round_in_which_the_defaults_fail_too_is_the_machines_and_is_set_aside`, on the real
+//!     engine `tests/vllm.rs`'s `a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun`,
+//!     and `tune`'s `a_cpu_study_of_vllm_without_a_kv_cache_size_is_warned_of_its_memory_at_start`.
 
 use std::path::{Path, PathBuf};
 

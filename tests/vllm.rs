@@ -428,7 +428,8 @@ impl<E: Evaluator> Evaluator for MemoryHog<E> {
 /// "Available memory on node 0 … is less than requested memory for kv"). That round is the
 /// machine's, not the candidate's: it is set aside, another round runs once the memory is back,
 /// and the verdict does not read "missed the constraints"; no vLLM process outlives the study.
-/// The shipped CPU study shrunk to two trials, with a 6 GiB KV cache (the hog leaves 3 GiB).
+/// The shipped CPU study shrunk to two trials, with an 8 GiB KV cache (the hog leaves 5 GiB,
+/// of which vLLM's own processes take about 3 while they load).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun() {
     if paths().is_none() {
@@ -438,8 +439,8 @@ async fn a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun() {
     let gib = 1usize << 30;
     let available = host_memory::mem_available().expect("/proc/meminfo") as usize;
     assert!(
-        available > 12 * gib,
-        "this test needs 12 GiB of free memory, {:.1} GiB available",
+        available > 14 * gib,
+        "this test needs 14 GiB of free memory, {:.1} GiB available",
         available as f64 / gib as f64
     );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -447,7 +448,7 @@ async fn a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun() {
     let mut doc: toml::Table = common::shrink_to_smoke(&text, &root.join("search-spaces"), 2)
         .parse()
         .unwrap();
-    doc["env"]["VLLM_CPU_KVCACHE_SPACE"] = "6".into();
+    doc["env"]["VLLM_CPU_KVCACHE_SPACE"] = "8".into();
     // Two rounds at least, three at most: the hogged round and two good ones fit.
     doc["remeasure"]["max_repeats"] = 3.into();
     let dir = tempfile::tempdir().unwrap();
@@ -467,7 +468,7 @@ async fn a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun() {
     let mut runner = runner.map_eval(|inner| MemoryHog {
         inner,
         during: vec!["trial-0002".into(), "trial-0003".into()],
-        bytes: available - 3 * gib,
+        bytes: available - 5 * gib,
         held: None,
     });
     let rec = runner.run().await.unwrap();
@@ -495,12 +496,18 @@ async fn a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun() {
         out.set_aside,
         out.verdict
     );
-    assert!(
-        trials
+    // The machine's round is replaced: both arms have two measured rounds after it.
+    for arm in [trials[2].config.clone(), trials[3].config.clone()] {
+        let measured = trials
             .iter()
-            .any(|t| matches!(t.kind, TrialKind::Remeasure { round: 1, .. }) && t.full.is_some()),
-        "no round after the machine's: {summary:#?}"
-    );
+            .filter(|t| {
+                matches!(t.kind, TrialKind::Remeasure { round, .. } if round > 0)
+                    && t.config == arm
+                    && t.full.is_some()
+            })
+            .count();
+        assert_eq!(measured, 2, "{summary:#?}");
+    }
     assert!(
         !out.verdict.contains("missed the constraints") && !out.verdict.contains("oom"),
         "the machine's failure decided the verdict: {}",

@@ -13,9 +13,11 @@
 //! it; a percentile limit `Pq ≤ L` is breached when the
 //! lower Wilson bound on the share of requests above `L` exceeds `1 − q/100` (or at once, when
 //! so many already exceed `L` that no later request can bring the percentile back under it).
-//! The tests run at `LOOKS` planned points only (the first after a quarter of the run, two
-//! waves of the concurrency and the minimum sample), each at the Bonferroni share of the
-//! error rate, so that the stated confidence holds for the run as a whole.
+//! A look reads the requests in dispatch order, up to the first that has not finished: in
+//! completion order the short requests come first, and their gaps would bias a mean. The tests
+//! run at `LOOKS` planned points only (the first after a quarter of the run, two waves of the
+//! concurrency and the minimum sample), each at the Bonferroni share of the error rate, so
+//! that the stated confidence holds for the run as a whole.
 
 use serde::{Deserialize, Serialize};
 

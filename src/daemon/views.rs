@@ -147,32 +147,8 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
             command: t.command.as_ref().map(|c| c.serving().display()),
         })
     });
-    let durations: Vec<f64> = search
-        .iter()
-        .filter_map(|t| Some(t.ended? - t.started))
-        .collect();
     let phase = rec.as_ref().map(|r| r.phase);
-    let (time_left_s, basis) = match (phase, durations.is_empty()) {
-        (Some(Phase::Search), false) => {
-            let mean = durations.iter().sum::<f64>() / durations.len() as f64;
-            let left = budget.saturating_sub(search.len() as u32) as f64;
-            let mut est = left * mean;
-            let mut basis = format!(
-                "search: at most {left:.0} more trials × {mean:.0} s mean, then the re-measurement"
-            );
-            if let Some(w) = wall_time_s {
-                // The study counts the seconds spent in trials, not the time it was paused.
-                let wall_left = (w - crate::tune::study::active_s(&trials)).max(0.0);
-                if wall_left < est {
-                    est = wall_left;
-                    basis = "search: the wall-time budget left, then the re-measurement".into();
-                }
-            }
-            (Some(est), basis)
-        }
-        (Some(Phase::Done), _) => (Some(0.0), "done".into()),
-        _ => (None, "not enough finished trials to estimate".into()),
-    };
+    let (time_left_s, basis) = time_left(phase, &trials, budget, wall_time_s);
     Ok(Some(CurrentView {
         study: job.study.clone(),
         trigger: job.trigger.clone(),
@@ -196,6 +172,42 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
         time_left_basis: basis,
         events,
     }))
+}
+
+/// The study's time left and how it was estimated: in the search, the trials left at the
+/// mean duration of the finished ones, or the wall-time budget left where that is less (the
+/// seconds spent in trials, `tune::study::active_s`: time paused or stopped does not count).
+fn time_left(
+    phase: Option<Phase>,
+    trials: &[TrialRecord],
+    budget: u32,
+    wall_time_s: Option<f64>,
+) -> (Option<f64>, String) {
+    let durations: Vec<f64> = trials
+        .iter()
+        .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
+        .filter_map(|t| Some(t.ended? - t.started))
+        .collect();
+    match (phase, durations.is_empty()) {
+        (Some(Phase::Search), false) => {
+            let mean = durations.iter().sum::<f64>() / durations.len() as f64;
+            let left = budget.saturating_sub(durations.len() as u32) as f64;
+            let mut est = left * mean;
+            let mut basis = format!(
+                "search: at most {left:.0} more trials × {mean:.0} s mean, then the re-measurement"
+            );
+            if let Some(w) = wall_time_s {
+                let wall_left = (w - crate::tune::study::active_s(trials)).max(0.0);
+                if wall_left < est {
+                    est = wall_left;
+                    basis = "search: the wall-time budget left, then the re-measurement".into();
+                }
+            }
+            (Some(est), basis)
+        }
+        (Some(Phase::Done), _) => (Some(0.0), "done".into()),
+        _ => (None, "not enough finished trials to estimate".into()),
+    }
 }
 
 pub fn status<B: Backend>(d: &Daemon<B>) -> Result<Status, DaemonError> {
@@ -392,4 +404,32 @@ pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
         );
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::records::fixtures::trial;
+
+    /// Issue 20, item 11: a study paused for hours between two trials has not spent its
+    /// wall-time budget; the estimate counts the seconds spent in trials only.
+    #[test]
+    fn the_time_left_does_not_count_the_time_a_study_was_paused() {
+        let mut a = trial("s", 0, TrialKind::Search, TrialStatus::Ok);
+        (a.started, a.ended) = (1_000.0, Some(1_100.0));
+        let mut b = trial("s", 1, TrialKind::Search, TrialStatus::Ok);
+        // Paused for ten hours before the second trial.
+        (b.started, b.ended) = (37_100.0, Some(37_200.0));
+        let (left, basis) = time_left(Some(Phase::Search), &[a, b], 10, Some(500.0));
+        assert_eq!(left, Some(300.0), "{basis}");
+        assert!(basis.contains("wall-time budget"), "{basis}");
+        // Without a wall-time budget: the trials left at the mean duration.
+        let (a, b) = (
+            trial("s", 0, TrialKind::Search, TrialStatus::Ok),
+            trial("s", 1, TrialKind::Search, TrialStatus::Ok),
+        );
+        let (left, _) = time_left(Some(Phase::Search), &[a, b], 10, None);
+        // The fixture's trials take 0 and 20 s: 8 more at 10 s.
+        assert_eq!(left, Some(80.0));
+    }
 }

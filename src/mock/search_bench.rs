@@ -368,7 +368,7 @@ fn trajectory_plan(
         let obs = o.observe(&p.config);
         if std::env::var("DEBUG_TRAJ").is_ok()
             && n == 10
-            && kind == opt::default_for(&l.space)
+            && kind == opt::default_for(&l.space, n)
             && plan.one_at_a_time.is_none()
         {
             eprintln!(
@@ -657,13 +657,28 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
     let grid_budget = (grid.len() + l.space.baselines().len()).min(opts.grid_cap);
     let mut truths: HashMap<String, Option<f64>> = HashMap::new();
     let mut rows: Vec<Row> = Vec::new();
-    let default = opt::default_for(&l.space);
+    // The default by budget (`opt::default_for`): one name when it is the same at every
+    // checkpoint, else each budget's.
+    let default_at = |t: usize| opt::default_for(&l.space, t);
+    let default_name = {
+        let names: Vec<&str> = CHECKPOINTS.iter().map(|t| default_at(*t).name()).collect();
+        if names.iter().all(|n| *n == names[0]) {
+            names[0].to_string()
+        } else {
+            CHECKPOINTS
+                .iter()
+                .zip(&names)
+                .map(|(t, n)| format!("{n} at {t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
     {
         let mut at = vec![Vec::new(); CHECKPOINTS.len()];
         let mut runs = Vec::new();
         for s in 0..opts.seeds {
             for (i, t) in CHECKPOINTS.iter().enumerate() {
-                let r = trajectory(l, default, s, *t, &mut truths);
+                let r = trajectory(l, default_at(*t), s, *t, &mut truths);
                 at[i].push(r.last().copied().unwrap_or(0.0));
                 if i + 1 == CHECKPOINTS.len() {
                     runs.push(r);
@@ -671,7 +686,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             }
         }
         rows.push(Row {
-            name: format!("default ({})", default.name()),
+            name: format!("default ({default_name})"),
             runs,
             at,
         });
@@ -683,7 +698,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
         let mut runs = Vec::new();
         for s in 0..opts.seeds {
             for (i, t) in CHECKPOINTS.iter().enumerate() {
-                let r = trajectory_oat(l, default, s, *t, &mut truths);
+                let r = trajectory_oat(l, default_at(*t), s, *t, &mut truths);
                 at[i].push(
                     r.as_ref()
                         .map_or(f64::NAN, |r| r.last().copied().unwrap_or(0.0)),
@@ -694,7 +709,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             }
         }
         rows.push(Row {
-            name: format!("default ({}) + importance phase", default.name()),
+            name: format!("default ({default_name}) + importance phase"),
             runs,
             at,
         });

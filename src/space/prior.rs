@@ -8,6 +8,7 @@
 //! prior = { at = "on", source = "…" }
 //! prior = { at_least = "{prompt_tokens}", source = "…" }
 //! prior = { at = "fp8", if = "{weights_share} >= 0.5", source = "…" }
+//! prior = { at_least = 0.88, edge = "high", source = "…" }
 //! ```
 //!
 //! `at` says "near this value"; `at_least` (numeric parameters) says "anywhere at or above
@@ -16,7 +17,8 @@
 //! variable (`WORKLOAD_VARS`, derived from the study's `servetune bench` flags) or one of the
 //! engine's `[engine] vars`. `if` makes the prior conditional on the machine (`MACHINE_VARS`:
 //! how much of an accelerator the model's weights take): an expert quantizes the KV cache of a
-//! model that leaves little memory for it, not of one that leaves plenty. This module parses and
+//! model that leaves little memory for it, not of one that leaves plenty. `edge` marks an
+//! `at_least` knob that trades memory with the KV cache (`Edge`). This module parses and
 //! checks the statement; `tune::prior` resolves it against a study's workloads and machine and
 //! the optimisers (`tune::opt::prior`) use it.
 
@@ -69,8 +71,25 @@ pub struct PriorSpec {
     /// OP one of `>=`, `>`, `<=`, `<`.
     #[serde(default, rename = "if")]
     pub if_: Option<String>,
+    /// Where an `at_least` knob sits at the memory edge (`Edge`), if it trades memory with
+    /// the KV cache.
+    #[serde(default)]
+    pub edge: Option<Edge>,
     /// Why the workload implies this value.
     pub source: String,
+}
+
+/// How a knob trades memory with the KV cache, for the start-up's memory-edge point (the
+/// expert's move: give the KV cache everything the workload does not need, and back off if
+/// the engine refuses). Only on an `at_least` prior.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Edge {
+    /// More of it is more KV cache (a memory fraction): at the edge, the top of its range.
+    High,
+    /// More of it is memory the KV cache does not get (a prefill chunk's activations): at the
+    /// edge, the prior's bound, the least the workload needs.
+    Low,
 }
 
 /// A prior's `if`, parsed.
@@ -153,6 +172,9 @@ impl PriorSpec {
             (None, Some(_)) => return Err("prior.at_least is only for a numeric parameter".into()),
             _ => return Err("prior needs exactly one of `at` and `at_least`".into()),
         };
+        if self.edge.is_some() && !lower {
+            return Err("prior.edge is only for an `at_least` prior".into());
+        }
         self.condition()?;
         Ok((self.point(v, p, engine_vars)?, lower))
     }

@@ -13,23 +13,31 @@
 //!    asked for; at the cap it is "keep the defaults: the machine was busy". A validation
 //!    workload whose rounds were all set aside is inconclusive.
 //! 1. Every arm (the engine's defaults and each candidate) is judged on all of its rounds of a
-//!    workload pooled: a round the engine failed in (a classified engine failure) makes the arm
-//!    fail; otherwise the success rate is the pooled one (completed / sent over every round)
-//!    and each latency limit is checked on the mean over the rounds of that round's statistic.
+//!    workload pooled. A failed run in a round in which the defaults failed too is the
+//!    machine's, not the configuration's: it is set aside like a disturbed round (the verdict
+//!    counts it); another failed round (a classified engine failure) makes the arm fail.
+//!    Otherwise the success rate is the pooled one (completed / sent over every round) and
+//!    each latency limit is checked on the mean over the rounds of that round's statistic.
 //! 2. The gain on the objective of each constraint-meeting candidate over the defaults is a
 //!    Welch t-test (t quantiles at the Welch degrees of freedom). With several candidates the
-//!    one-sided p-values are corrected by Holm's step-down procedure at a family-wise level of
-//!    2.5% (a 95% two-sided interval entirely above zero, for one candidate). Defaults measured
-//!    in every round miss the constraints only beyond doubt (`violation_established`: a Wilson
-//!    bound on the success rate, a one-sided t bound on each SLO's per-round readings); so
-//!    missing them, or failing in a round, they are beaten by a candidate that meets them and
-//!    whose objective's interval does not reach below theirs by more than the tolerance.
-//!    Defaults that failed to start are beaten by any candidate that meets the constraints.
-//! 3. The leader (the highest mean among the significant candidates) must not regress: on each
-//!    validation workload (its objective, and its constraints where the defaults meet them) and
-//!    on each guard metric of the primary workload (default: P99 TTFT and mean TPOT), the 95%
-//!    interval of the relative change must lie within the tolerance on the losing side. An
-//!    interval entirely beyond it is a regression; one that straddles it is inconclusive.
+//!    one-sided p-values are corrected by Holm's step-down procedure, and a candidate is
+//!    significant when its adjusted p-value is at most the level per look
+//!    (`alpha_per_look`: Pocock's constant level over the looks from `repeats` to
+//!    `max_repeats`, so that the study's one-sided error rate over all its looks stays at
+//!    2.5%). Defaults measured in every round miss the constraints only beyond doubt
+//!    (`violation_established`: a Wilson bound on the success rate, a one-sided t bound on
+//!    each SLO's per-round readings); missing them so, they are beaten by a candidate that
+//!    meets them and whose objective's interval does not reach below theirs by more than the
+//!    tolerance. Defaults that failed to start are beaten by the best candidate that meets
+//!    the constraints, judged on them alone and said so.
+//! 3. The candidates that qualify are taken in order of relative gain: the first that does
+//!    not regress is recommended (the leader); one that regresses, or is still inconclusive
+//!    at the round cap, is passed over and said so. On each validation workload (its
+//!    objective, and its constraints where the defaults meet them) and on each guard metric
+//!    of the primary workload (default: mean TTFT), the 95% interval of the relative change
+//!    must lie within the tolerance on the losing side. An interval entirely beyond it is a
+//!    regression; one that straddles it is inconclusive. A validation workload the candidate
+//!    has not run yet is not judged; the validation rounds' minimum and cap count per leader.
 //! 4. More rounds are asked for while the answer could still change (the leader's gain is
 //!    positive but not yet significant, or a check is inconclusive), up to the study's cap.
 //!    At the cap, an inconclusive check means the defaults are kept, and the verdict says so.

@@ -79,7 +79,7 @@ impl<E: Evaluator> Runner<E> {
             .spec
             .study
             .optimizer
-            .unwrap_or_else(|| opt::default_for(&space));
+            .unwrap_or_else(|| opt::default_for(&space, plan.budget));
         let optimizer = opt::make(algorithm, &space, study.spec.study.seed, &plan);
         Runner {
             records: Records::new(store),

@@ -7,6 +7,7 @@
 //! baselines every result is compared with.
 
 mod anneal;
+mod edge;
 mod gp;
 pub mod oat;
 pub mod prior;
@@ -123,21 +124,28 @@ pub trait Optimizer {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String>;
 }
 
-/// The optimiser a study gets when its file names none, by the space's dimension, from
-/// `servetune search-bench` (benches/search-quality.md): the Gaussian process up to 6
-/// parameters (with its slack models and per-coordinate length scales it is within 2% of the
-/// optimum by 10 trials on the 3-parameter landscapes, a misleading prior included, and ahead
-/// of TPE on the 6-parameter one), TPE above (ahead of the GP on the 10-parameter one).
-pub fn default_for(space: &Space) -> Algorithm {
-    if space.params.len() <= GP_MAX_DIMS {
+/// The optimiser a study of `budget` trials gets when its file names none, by the space's
+/// dimension and the budget, from `servetune search-bench` (benches/search-quality.md): the
+/// Gaussian process up to 6 parameters (with its slack models and per-coordinate length
+/// scales it is within 2% of the optimum by 10 trials on the 3-parameter landscapes, a
+/// misleading prior included, and ahead of TPE on the 6-parameter one) and above 6 from 20
+/// trials (on the 10-parameter landscape, after the memory edge, 1.4% against TPE's 2.1% at
+/// 20 trials and 0.9% against 1.6% at 40); TPE above 6 parameters under 20 trials (the two
+/// tie there, 2.1% at 10 trials, and the llama.cpp studies' real-engine verdicts were measured
+/// with TPE).
+pub fn default_for(space: &Space, budget: usize) -> Algorithm {
+    if space.params.len() <= GP_MAX_DIMS || budget >= GP_MIN_BUDGET {
         Algorithm::Gp
     } else {
         Algorithm::Tpe
     }
 }
 
-/// The largest space the Gaussian process is the default for.
+/// The largest space the Gaussian process is the default for at any budget.
 pub const GP_MAX_DIMS: usize = 6;
+
+/// The budget from which the Gaussian process is the default in a larger space.
+pub const GP_MIN_BUDGET: usize = 20;
 
 /// What a study tells its optimiser beyond the space and the seed: its budget (the start-up
 /// design and the prior's fading scale with it) and the priors the workload implies, one per
@@ -323,6 +331,8 @@ fn start_up(
 struct Search {
     frozen: Vec<String>,
     space: Space,
+    /// The plan of `space` (its priors in its order).
+    plan: Plan,
     startup: Vec<(Config, String)>,
     inner: Box<dyn Optimizer + Send>,
 }
@@ -357,7 +367,8 @@ impl WithBaselines {
         let mut startup = start_up(self.kind, &space, self.seed, &plan, n);
         startup.retain_mut(|(c, _)| oat::fill(&self.space, &frozen, c).is_ok());
         Search {
-            inner: inner(self.kind, &space, self.seed, plan),
+            inner: inner(self.kind, &space, self.seed, plan.clone()),
+            plan,
             frozen,
             space,
             startup,
@@ -431,6 +442,21 @@ impl Optimizer for WithBaselines {
             history.get(before..).unwrap_or(&[]),
         ) {
             return Ok(p);
+        }
+        let tried = history.get(before..).unwrap_or(&[]);
+        if let Some((point, _)) = search.startup.first() {
+            let left = tried.len() < search.startup.len();
+            if let Some(p) = edge::propose(
+                &self.kind,
+                &search.space,
+                &search.plan,
+                &self.space,
+                point,
+                tried,
+                left,
+            ) {
+                return Ok(p);
+            }
         }
         if let Some((c, note)) = search
             .startup

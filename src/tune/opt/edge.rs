@@ -1,0 +1,126 @@
+//! The start-up's memory-edge point: the expert's move once the workload's point has run. A
+//! memory-bound engine (SGLang's static fraction, vLLM's memory utilisation) serves more from
+//! a larger KV cache, and the knobs that hold memory for other uses (a prefill chunk larger
+//! than any prompt) only take from it. So the next trial gives the KV cache everything the
+//! workload does not need: every `edge = "high"` knob at the top of its range, every
+//! `edge = "low"` knob at its prior's bound (the space file says which, `space::prior::Edge`).
+//! When the engine refuses that (out of memory), once more half-way back. Both take the place
+//! of start-up design points, so the start-up's size, and the model-guided trials after it,
+//! are unchanged.
+
+use super::prior::Prior;
+use super::{Algorithm, Obs, Plan, Proposal};
+use crate::space::prior::Edge;
+use crate::space::{Config, Param, Space, Value};
+use crate::tune::encode::{coord_of, from_unit, Coord};
+
+/// The knobs the edge moves: `(parameter, its edge, its prior's bound)`, where the space
+/// states an edge and the prior applies to this study (resolved `at_least`; `plan`'s priors
+/// are `space`'s, in its order).
+fn knobs<'a>(space: &'a Space, plan: &Plan) -> Vec<(&'a Param, Edge, f64)> {
+    space
+        .params
+        .iter()
+        .zip(&plan.priors)
+        .filter_map(|(p, prior)| {
+            let edge = p.prior.as_ref()?.edge?;
+            match prior {
+                Some(Prior::AtLeast { lo, .. }) => Some((p, edge, *lo)),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// `base` with the high knobs at `high` of the way from where `base` has them to the top of
+/// their ranges, and the low knobs at their bounds; None where that is `base` itself.
+fn toward_edge(
+    space: &Space,
+    knobs: &[(&Param, Edge, f64)],
+    base: &Config,
+    high: f64,
+) -> Option<Config> {
+    let mut cfg = base.clone();
+    for &(p, edge, lo) in knobs {
+        let now = match base.get(&p.name).map(|v| coord_of(p, v)) {
+            Some(Coord::Num(u)) => u,
+            _ => continue,
+        };
+        let u = match edge {
+            Edge::High => now + high * (1.0 - now),
+            // Only down: a base already under the bound keeps its value.
+            Edge::Low => lo.min(now),
+        };
+        cfg.insert(p.name.clone(), from_unit(p, u));
+    }
+    space.repair(&mut cfg).ok()?;
+    (cfg != *base).then_some(cfg)
+}
+
+/// The edge's proposal, if it is due: `searched` and `plan` are the space the start-up
+/// searches and its plan, `space` the whole space (the configurations' own), `point` the
+/// workload's point (the start-up's first), `tried` the history since the start-up began,
+/// `left` whether a start-up slot is left. The base is the best feasible run among the
+/// workload's point and its back-offs (the trials that differ from the point at most in the
+/// batch cap); no base, no edge.
+pub(super) fn propose(
+    kind: &Algorithm,
+    searched: &Space,
+    plan: &Plan,
+    space: &Space,
+    point: &Config,
+    tried: &[Obs],
+    left: bool,
+) -> Option<Proposal> {
+    if tried.is_empty() || !left {
+        return None;
+    }
+    let knobs = knobs(searched, plan);
+    if !knobs.iter().any(|(_, e, _)| *e == Edge::High) {
+        return None;
+    }
+    let cap = plan.cap.as_deref();
+    let on_line = |c: &Config| {
+        c.len() == point.len()
+            && c.iter()
+                .all(|(k, v)| Some(k.as_str()) == cap || point.get(k) == Some(v))
+    };
+    let line = tried.iter().take_while(|o| on_line(&o.config));
+    let base = line
+        .filter_map(|o| o.value.map(|v| (v, o)))
+        .max_by(|a, b| a.0.total_cmp(&b.0))?
+        .1;
+    let ran = |c: &Config| tried.iter().find(|o| &o.config == c);
+    let full = toward_edge(space, &knobs, &base.config, 1.0)?;
+    let (cfg, why) = match ran(&full) {
+        None => (full, "the KV cache gets what the workload does not need"),
+        Some(o) if o.failed => {
+            let half = toward_edge(space, &knobs, &base.config, 0.5)?;
+            if ran(&half).is_some() {
+                return None;
+            }
+            (half, "half-way back: the engine refused the edge")
+        }
+        Some(_) => return None,
+    };
+    let moved: Vec<String> = knobs
+        .iter()
+        .map(|(p, _, _)| &p.name)
+        .filter_map(|n| match (base.config.get(n), cfg.get(n)) {
+            (Some(a), Some(b)) if a != b => Some(format!("{n} {} -> {}", show(a), show(b))),
+            _ => None,
+        })
+        .collect();
+    Some(Proposal {
+        note: format!("{}: memory edge: {} ({why})", kind.name(), moved.join(", ")),
+        config: cfg,
+        expected_improvement: None,
+    })
+}
+
+fn show(v: &Value) -> String {
+    match v {
+        Value::Float(x) => format!("{x:.3}"),
+        other => other.to_string(),
+    }
+}
