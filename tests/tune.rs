@@ -951,27 +951,33 @@ fn vllm_setup_aliases_resolve_to_the_installed_paths() {
 }
 
 #[test]
-fn a_guard_that_cannot_be_decided_at_the_workloads_size_is_said_at_the_start() {
+fn a_guard_that_cannot_be_decided_at_the_workloads_size_is_refused_at_the_start() {
     // 400 prompts: 4 beyond the 99th percentile per round (< 5), 40 beyond the 90th.
     let text = study_text(
         "guards",
         "gp",
-        "[validation]\nguards = [\"ttft:p99\", \"ttft:p90\", \"tpot:mean\"]",
+        "[validation]\nguards = [\"ttft:p90\", \"ttft:p99\", \"tpot:mean\"]",
     );
-    let s = Study::parse(&text, Path::new("x.toml")).unwrap();
-    let said: Vec<&String> = s
-        .warnings
-        .iter()
-        .filter(|w| w.contains("cannot be decided"))
-        .collect();
-    assert_eq!(said.len(), 1, "{:?}", s.warnings);
+    let err = Study::parse(&text, Path::new("x.toml"))
+        .unwrap_err()
+        .to_string();
     assert!(
-        said[0].contains("validation.guards[0]")
-            && said[0].contains("\"ttft:p99\"")
-            && said[0].contains("at least 500"),
-        "{}",
-        said[0]
+        err.contains("validation.guards[1]")
+            && err.contains("\"ttft:p99\" cannot be decided")
+            && err.contains("at least 500"),
+        "{err}"
     );
+    // At 500 prompts the same guards can be decided.
+    let s = Study::parse(&text.replace("\"400\"", "\"500\""), Path::new("x.toml"));
+    assert!(s.is_ok(), "{:?}", s.err());
+}
+
+/// The default guard is mean TTFT, never TPOT: more slots trade a longer time per token for
+/// throughput, the very trade the objective makes (issue 20, item 7).
+#[test]
+fn the_default_guard_is_mean_ttft_not_the_tpot_the_objective_trades() {
+    let s = Study::parse(&study_text("g", "gp", ""), Path::new("x.toml")).unwrap();
+    assert_eq!(s.spec.validation.guards, vec!["ttft:mean".to_string()]);
 }
 
 #[test]

@@ -16,7 +16,8 @@
 //!    `at_the_shipped_level_a_candidate_no_better_than_the_defaults_is_rarely_recommended`;
 //! 6. the ITL abort: `bench::abort`'s `itl_limit_tests_the_pooled_gaps_in_dispatch_order`;
 //! 7. guards that cannot be decided: `tests/tune.rs`'s
-//!    `a_guard_that_cannot_be_decided_at_the_workloads_size_is_said_at_the_start`;
+//!    `a_guard_that_cannot_be_decided_at_the_workloads_size_is_refused_at_the_start` and
+//!    `the_default_guard_is_mean_ttft_not_the_tpot_the_objective_trades`;
 //! 8. defaults that cannot start: `tune::decide`'s
 //!    `defaults_that_cannot_start_leave_the_best_feasible_candidate_judged_on_its_constraints`;
 //! 9. the runner-up: `tune::decide`'s

@@ -535,9 +535,11 @@ fn screen_fraction(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<String
 /// is tens of percent (P99 TTFT over 32 requests: ±20% after 5 rounds).
 pub const MIN_TAIL_REQUESTS: f64 = 5.0;
 
-/// Says, at study start, which guards cannot be decided at the primary workload's size: a
-/// percentile with fewer than `MIN_TAIL_REQUESTS` requests beyond it per round.
-fn guard_decidability(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<String>) {
+/// Refuses, at study start, a guard that cannot be decided at the primary workload's size: a
+/// percentile with fewer than `MIN_TAIL_REQUESTS` requests beyond it per round, whose
+/// interval would stay open at every round cap and keep the defaults whatever the candidate
+/// did. The error names what would make it decidable.
+fn guard_decidability(s: &StudySpec, primary: &BenchArgs) -> Result<(), TuneError> {
     let n = primary.num_prompts.max(1) as f64;
     for (i, g) in s.validation.guards.iter().enumerate() {
         let Some((_, st)) = g.split_once(':') else {
@@ -546,14 +548,18 @@ fn guard_decidability(s: &StudySpec, primary: &BenchArgs, warnings: &mut Vec<Str
         if let Some(crate::bench::abort::Stat::P(p)) = crate::bench::abort::Stat::parse(st) {
             let tail = n * (1.0 - p / 100.0);
             if tail < MIN_TAIL_REQUESTS {
-                warnings.push(format!(
-                    "validation.guards[{i}] {g:?} cannot be decided: a round of {n:.0} requests has {tail:.1} beyond its {p}th percentile, so its interval will not close within {:.0}% and the guard will read inconclusive (keeping the defaults); guard a mean or median, a lower percentile, or raise --num-prompts to at least {:.0}",
-                    100.0 * s.validation.tolerance,
-                    (MIN_TAIL_REQUESTS / (1.0 - p / 100.0)).ceil()
+                return Err(field(
+                    &format!("validation.guards[{i}]"),
+                    format!(
+                        "{g:?} cannot be decided: a round of {n:.0} requests has {tail:.1} beyond its {p}th percentile, so its interval would not close within {:.0}% at any round cap and the study would keep the defaults whatever it found; guard a mean or median, a lower percentile, or raise the primary workload's --num-prompts to at least {:.0}",
+                        100.0 * s.validation.tolerance,
+                        (MIN_TAIL_REQUESTS / (1.0 - p / 100.0)).ceil()
+                    ),
                 ));
             }
         }
     }
+    Ok(())
 }
 
 impl Study {
@@ -836,7 +842,7 @@ impl Study {
         }
         let mut warnings = Vec::new();
         let screen_fraction = screen_fraction(s, &workloads[0].1, &mut warnings);
-        guard_decidability(s, &workloads[0].1, &mut warnings);
+        guard_decidability(s, &workloads[0].1)?;
         let mut spec = spec;
         spec.binaries = binaries;
         Ok(Study {
