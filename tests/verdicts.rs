@@ -676,22 +676,7 @@ impl Evaluator for TwoEngines {
         self.runs += 1;
         let v = truth * (1.0 + 0.004 * ((self.runs % 5) as f64 - 2.0));
         let n = ((400.0 * spec.fraction).round() as usize).max(1);
-        let mut lat = std::collections::BTreeMap::new();
-        lat.insert("tpot:mean".to_owned(), 10.0);
-        lat.insert("ttft:p99".to_owned(), 100.0);
-        lat.insert("ttft:mean".to_owned(), 50.0);
-        Ok(Measurement {
-            workload: "main".into(),
-            num_prompts: n,
-            duration_s: 10.0,
-            completed: n,
-            success_rate: 1.0,
-            total_token_throughput: v,
-            output_throughput: v / 2.0,
-            request_throughput: v / 100.0,
-            latencies_ms: lat,
-            ..Default::default()
-        })
+        Ok(scripted_measurement("main".into(), n, v))
     }
     async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
         self.current = None;
@@ -812,22 +797,11 @@ impl Evaluator for Validation {
         self.runs += 1;
         let v = truth * (1.0 + 0.004 * ((self.runs % 5) as f64 - 2.0));
         let n = ((400.0 * spec.fraction).round() as usize).max(1);
-        let mut lat = std::collections::BTreeMap::new();
-        lat.insert("tpot:mean".to_owned(), 10.0);
-        lat.insert("ttft:p99".to_owned(), 100.0);
-        lat.insert("ttft:mean".to_owned(), 50.0);
-        Ok(Measurement {
-            workload: self.workloads()[spec.workload].clone(),
-            num_prompts: n,
-            duration_s: 10.0,
-            completed: n,
-            success_rate: 1.0,
-            total_token_throughput: v,
-            output_throughput: v / 2.0,
-            request_throughput: v / 100.0,
-            latencies_ms: lat,
-            ..Default::default()
-        })
+        Ok(scripted_measurement(
+            self.workloads()[spec.workload].clone(),
+            n,
+            v,
+        ))
     }
     async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
         self.current = None;
@@ -897,4 +871,25 @@ async fn a_runner_up_is_validated_in_rounds_of_its_own_when_the_leader_is_passed
         rounds(recommended)
     );
     assert!(out.verdict.starts_with("run trial #"), "{}", out.verdict);
+}
+
+/// A scripted run of `n` requests at `v` tok/s with fixed latencies (the scripted
+/// evaluators' measurement).
+fn scripted_measurement(workload: String, n: usize, v: f64) -> Measurement {
+    let mut lat = std::collections::BTreeMap::new();
+    lat.insert("tpot:mean".to_owned(), 10.0);
+    lat.insert("ttft:p99".to_owned(), 100.0);
+    lat.insert("ttft:mean".to_owned(), 50.0);
+    Measurement {
+        workload,
+        num_prompts: n,
+        duration_s: 10.0,
+        completed: n,
+        success_rate: 1.0,
+        total_token_throughput: v,
+        output_throughput: v / 2.0,
+        request_throughput: v / 100.0,
+        latencies_ms: lat,
+        ..Default::default()
+    }
 }

@@ -80,12 +80,9 @@ pub(super) fn propose(
         return None;
     }
     let cap = plan.cap.as_deref();
-    let on_line = |c: &Config| {
-        c.len() == point.len()
-            && c.iter()
-                .all(|(k, v)| Some(k.as_str()) == cap || point.get(k) == Some(v))
-    };
-    let line = tried.iter().take_while(|o| on_line(&o.config));
+    let line = tried
+        .iter()
+        .take_while(|o| super::on_line(point, cap, &o.config));
     let base = line
         .filter_map(|o| o.value.map(|v| (v, o)))
         .max_by(|a, b| a.0.total_cmp(&b.0))?

@@ -492,6 +492,14 @@ impl Optimizer for WithBaselines {
     }
 }
 
+/// Whether `c` is the workload's `point` or one of its back-offs: the same configuration but
+/// for the batch `cap`.
+fn on_line(point: &Config, cap: Option<&str>, c: &Config) -> bool {
+    c.len() == point.len()
+        && c.iter()
+            .all(|(k, v)| Some(k.as_str()) == cap || point.get(k) == Some(v))
+}
+
 /// How far under a per-token latency limit a back-off aims (5%: a run's noise).
 const BACK_OFF_MARGIN: f64 = 0.05;
 
@@ -522,10 +530,7 @@ fn back_off(
         return None;
     }
     // The line: the workload's point and its back-offs, all that ran since the design began.
-    let same_but_cap = |c: &Config| {
-        c.len() == point.len() && c.iter().all(|(k, v)| k == cap || point.get(k) == Some(v))
-    };
-    if !tried.iter().all(|o| same_but_cap(&o.config)) {
+    if !tried.iter().all(|o| on_line(point, Some(cap), &o.config)) {
         return None;
     }
     let loads: Vec<(DecodeLoad, i64)> = tried
