@@ -155,6 +155,36 @@ async fn an_engine_dropped_without_stop_is_torn_down_and_forgotten() {
     );
 }
 
+/// Issue 20, item 2: `free_port` is check-then-use, so another process may bind the port
+/// before the engine does. The launcher starts such an engine again on another port instead of
+/// failing the trial (before: the trial failed with `port_in_use`), and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_lost_the_race_for_its_port_is_started_again_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db")).unwrap();
+    let marker = dir.path().join("lost-once");
+    let s = quick(space("vllm"));
+    let binary = common::mock_engine(
+        "vllm",
+        &["--mock-port-taken-once", marker.to_str().unwrap()],
+    );
+    let e = common::launcher(Some(store.clone()), binary)
+        .start(&s, &s.defaults(), "m", &dir.path().join("t0"))
+        .await
+        .expect("the second start, on another port, serves");
+    assert!(marker.exists(), "the first start did not lose the race");
+    let pgid = e.ready.process.pgid();
+    assert!(group_alive(pgid));
+    assert_eq!(
+        store.engines().unwrap().len(),
+        1,
+        "only the live engine is recorded"
+    );
+    e.stop().unwrap();
+    assert!(!group_alive(pgid));
+    assert!(store.engines().unwrap().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_failures_carry_the_engines_own_evidence() {
     let vllm = quick(space("vllm"));

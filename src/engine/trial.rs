@@ -1,7 +1,8 @@
 //! Starting and stopping the engine of one trial: render the point of the space to an argv
 //! vector (and the files it names), refuse a GPU that foreign processes hold, record the engine
 //! in the store *before* spawning it (with a tag in its environment so a restart can find it),
-//! climb the readiness ladder with the engine file's limits and failure patterns, and on stop
+//! climb the readiness ladder with the engine file's limits and failure patterns (an engine
+//! that found its port taken by another process starts again on another port), and on stop
 //! tear the group down, verify it is gone and wait for the GPU memory it held to be free.
 
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use crate::space::{Config, RenderCtx, Rendered, Space};
 use crate::store::{EngineRecord, Store, StoreError};
 use crate::telemetry::{Telemetry, TelemetryError};
 
-use super::failure::Patterns;
+use super::failure::{FailureClass, Patterns};
 use super::launch::{launch_with, LaunchError, LaunchSpec, Ready};
 use super::process::free_port;
 use super::reap::{groups_with_tag, TAG_ENV};
@@ -131,9 +132,15 @@ fn new_tag() -> String {
     )
 }
 
+/// Starts a launch tries when the engine reports its port taken: `free_port` finds a port
+/// that is free when asked, and another process may bind it before the engine does. That race
+/// says nothing about the configuration, so it must not fail the trial.
+const PORT_TRIES: u32 = 3;
+
 impl Launcher {
     /// Renders, records and launches. `space` is a single engine's (see `Space::split`);
-    /// `dir` is the trial's directory (log and files).
+    /// `dir` is the trial's directory (log and files). An engine that reports its port taken
+    /// is started again on another port, up to `PORT_TRIES` starts in all.
     pub async fn start(
         &self,
         space: &Space,
@@ -145,10 +152,37 @@ impl Launcher {
             path: dir.display().to_string(),
             source,
         })?;
-        let port = free_port().map_err(|source| TrialError::Io {
-            path: "a free port".into(),
-            source,
-        })?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let port = free_port().map_err(|source| TrialError::Io {
+                path: "a free port".into(),
+                source,
+            })?;
+            match self.start_on(space, cfg, model, dir, port).await {
+                Err(TrialError::Launch(LaunchError::Failed { failure, .. }))
+                    if failure.class == FailureClass::PortInUse && tries < PORT_TRIES =>
+                {
+                    tracing::warn!(
+                        port,
+                        evidence = %failure.evidence,
+                        "the engine found its port taken (another process bound it first); starting it again on another port"
+                    );
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One start on `port`.
+    async fn start_on(
+        &self,
+        space: &Space,
+        cfg: &Config,
+        model: &str,
+        dir: &Path,
+        port: u16,
+    ) -> Result<TrialEngine, TrialError> {
         let rendered = space
             .render(
                 cfg,

@@ -890,6 +890,11 @@ pub struct ProfileArgs {
     /// Step-time noise (log-normal sigma).
     #[arg(long, default_value_t = 0.02)]
     pub mock_noise: f64,
+    /// Imitates losing the race for the port once: when this file does not exist, create it
+    /// and fail as if another process had bound the port between the launcher's choice and
+    /// the engine's bind (the launcher's `free_port` is check-then-use).
+    #[arg(long)]
+    pub mock_port_taken_once: Option<std::path::PathBuf>,
     /// The engine's command line (after `--`).
     #[arg(last = true)]
     pub engine_args: Vec<String>,
@@ -955,7 +960,20 @@ pub async fn run_profile_cli(p: &ProfileArgs, mut cfg: MockConfig) -> anyhow::Re
     );
     tokio::time::sleep(Duration::from_secs_f64(p.mock_startup_s)).await;
     eprint!("{}", launch.banner);
-    let listener = match TcpListener::bind((launch.host.as_str(), launch.port)).await {
+    let lost_race = match &p.mock_port_taken_once {
+        Some(path) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .is_ok(),
+        None => false,
+    };
+    let bound = if lost_race {
+        Err(std::io::Error::from(std::io::ErrorKind::AddrInUse))
+    } else {
+        TcpListener::bind((launch.host.as_str(), launch.port)).await
+    };
+    let listener = match bound {
         Ok(l) => l,
         Err(e) => {
             // llama-server: "couldn't bind HTTP server socket"; uvicorn: "[Errno 98] ... address already in use".

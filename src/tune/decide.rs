@@ -24,9 +24,10 @@
 //!    significant when its adjusted p-value is at most the level per look
 //!    (`alpha_per_look`: Pocock's constant level over the looks from `repeats` to
 //!    `max_repeats`, so that the study's one-sided error rate over all its looks stays at
-//!    2.5%). Defaults measured in every round miss the constraints only beyond doubt
-//!    (`violation_established`: a Wilson bound on the success rate, a one-sided t bound on
-//!    each SLO's per-round readings); missing them so, they are beaten by a candidate that
+//!    2.5%). Every other decision read after each round is taken at that level too, never at
+//!    a fixed 95% read again and again. Defaults measured in every round miss the constraints
+//!    only beyond doubt (`violation_established`: a Wilson bound on the success rate, a
+//!    one-sided t bound on each SLO's per-round readings); missing them so, they are beaten by a candidate that
 //!    meets them and whose objective's interval does not reach below theirs by more than the
 //!    tolerance. Defaults that failed to start are beaten by the best candidate that meets
 //!    the constraints, judged on them alone and said so.
@@ -34,8 +35,9 @@
 //!    not regress is recommended (the leader); one that regresses, or is still inconclusive
 //!    at the round cap, is passed over and said so. On each validation workload (its
 //!    objective, and its constraints where the defaults meet them) and on each guard metric
-//!    of the primary workload (default: mean TTFT), the 95% interval of the relative change
-//!    must lie within the tolerance on the losing side. An interval entirely beyond it is a
+//!    of the primary workload (default: mean TTFT), the interval of the relative change whose
+//!    each side is a one-sided bound at the level per look (`alpha_per_look`; the 95% one is
+//!    what the report shows) must lie within the tolerance on the losing side. An interval entirely beyond it is a
 //!    regression; one that straddles it is inconclusive. A validation workload the candidate
 //!    has not run yet is not judged; the validation rounds' minimum and cap count per leader.
 //! 4. More rounds are asked for while the answer could still change (the leader's gain is
@@ -410,27 +412,30 @@ fn readings(measured: &[&Measurement], l: &LatencyLimit) -> Vec<f64> {
         .collect()
 }
 
-/// Whether the defaults' pooled violation (`pooled_violation`) is beyond doubt: a latency
-/// limit whose per-round readings put the lower end of a one-sided 97.5% interval for their
-/// mean above the limit, or a success rate whose upper Wilson bound (97.5%) is below the
-/// floor. A point estimate just over a limit (a mean TPOT of 301 ms against 300, which a study
+/// Whether the defaults' pooled violation (`pooled_violation`) is beyond doubt at one-sided
+/// level `alpha` (the study's level per look: it is read after every round): a latency limit
+/// whose per-round readings put the lower end of a one-sided (1 − alpha) interval for their
+/// mean above the limit, or a success rate whose upper Wilson bound at (1 − alpha) is below
+/// the floor. A point estimate just over a limit (a mean TPOT of 301 ms against 300, which a study
 /// whose limits sit at the defaults' own readings meets half the time) is not: the defaults
 /// are then compared as feasible, and a candidate must beat them.
 pub fn violation_established(
     measured: &[&Measurement],
     min_success_rate: f64,
     limits: &[LatencyLimit],
+    alpha: f64,
 ) -> Option<String> {
+    let confidence = 100.0 * (1.0 - alpha);
     let (done, sent) = pooled_requests(measured);
     if sent > 0 {
         let (_, upper) = crate::bench::abort::wilson(
             done as f64,
             sent as f64,
-            crate::bench::abort::normal_quantile(0.975),
+            crate::bench::abort::normal_quantile(1.0 - alpha),
         );
         if upper < min_success_rate {
             return Some(format!(
-                "pooled success rate {:.2}% < {:.2}% ({} of {sent} requests failed over {} rounds; upper 97.5% bound {:.2}%)",
+                "pooled success rate {:.2}% < {:.2}% ({} of {sent} requests failed over {} rounds; upper {confidence:.1}% bound {:.2}%)",
                 100.0 * done as f64 / sent as f64,
                 100.0 * min_success_rate,
                 sent - done,
@@ -446,10 +451,10 @@ pub fn violation_established(
         }
         let (mean, sd, n) = super::significance::mean_sd(&vals);
         let n = n as f64;
-        let low = mean - super::significance::t95(n - 1.0) * sd / n.sqrt();
+        let low = mean - super::significance::t_quantile(1.0 - alpha, n - 1.0) * sd / n.sqrt();
         if low > l.limit_ms {
             return Some(format!(
-                "{} {} = {mean:.1} ms > {} ms (mean of {} rounds; lower 97.5% bound {low:.1} ms)",
+                "{} {} = {mean:.1} ms > {} ms (mean of {} rounds; lower {confidence:.1}% bound {low:.1} ms)",
                 l.stat.label(),
                 l.metric.key(),
                 l.limit_ms,
@@ -482,13 +487,17 @@ fn resolution(ms: &[&Measurement]) -> f64 {
         .fold(0.0, |a: f64, r| a.max(r))
 }
 
-/// The state of a relative change against the tolerance.
-pub fn check_state(d: &Diff, higher_is_better: bool, tolerance: f64) -> CheckState {
+/// The state of a relative change against the tolerance, decided on its bounds at one-sided
+/// level `alpha` (the study's level per look: a check is read after every round, so reading
+/// it at 95% each time would pass a candidate that loses by the tolerance more often than
+/// 2.5% of the time; `servetune gate-bench`'s guard rows).
+pub fn check_state(d: &Diff, higher_is_better: bool, tolerance: f64, alpha: f64) -> CheckState {
     let tol = 100.0 * tolerance;
+    let (low, high) = d.pct_bounds(alpha);
     let (worst, best) = if higher_is_better {
-        (d.pct_low, d.pct_high)
+        (low, high)
     } else {
-        (-d.pct_high, -d.pct_low)
+        (-high, -low)
     };
     if worst.is_nan() || best.is_nan() {
         return CheckState::Inconclusive;
@@ -545,7 +554,7 @@ fn workload_checks(
         // Defaults that did not start give nothing to compare with: the check informs, and
         // the candidate is judged on its constraints alone.
         let state = match (&diff, gate && !no_defaults) {
-            (Some(d), true) => check_state(d, higher, rules.tolerance),
+            (Some(d), true) => check_state(d, higher, rules.tolerance, rules.alpha),
             (None, true) => CheckState::Inconclusive,
             (_, false) => CheckState::Info,
         };
@@ -711,7 +720,12 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         )
     } else {
         // Measured in every round: infeasible only beyond doubt.
-        violation_established(&base_runs.measured, rules.min_success_rate, &rules.limits)
+        violation_established(
+            &base_runs.measured,
+            rules.min_success_rate,
+            &rules.limits,
+            rules.alpha,
+        )
     };
     let mut comparisons: Vec<Comparison> = input
         .candidates
@@ -767,7 +781,9 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         // but not at any price: a candidate whose objective may be lower than the defaults'
         // by more than the tolerance (its interval's lower end) is not a recommendation.
         c.significant = match (&baseline_infeasible, &c.diff) {
-            (Some(_), Some(d)) if d.n_b > 0 => d.pct_low >= -100.0 * rules.tolerance,
+            (Some(_), Some(d)) if d.n_b > 0 => {
+                d.pct_bounds(rules.alpha).0 >= -100.0 * rules.tolerance
+            }
             (Some(_), _) => true,
             (None, _) => adj[k] <= rules.alpha,
         };
@@ -1186,6 +1202,7 @@ mod tests {
             attempts: 1,
             stopped: 0,
             startup_s: None,
+            retried_after: None,
         }
     }
 

@@ -164,6 +164,11 @@ pub struct TrialRecord {
     /// Seconds from spawning the engine to its first answered request.
     #[serde(default)]
     pub startup_s: Option<f64>,
+    /// The failure of a first attempt whose engine failed without refusing the configuration
+    /// (a crash, a hang, a start-up timeout: possibly the machine's), after which the trial
+    /// ran once more; `failure` is the second attempt's, if it failed too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retried_after: Option<TrialFailure>,
 }
 
 /// How many interleaved rounds the decision took, and why they stopped.

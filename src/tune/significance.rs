@@ -142,6 +142,25 @@ impl Diff {
     pub fn significant_gain(&self) -> bool {
         self.low > 0.0 && self.low.is_finite()
     }
+
+    /// The relative change's bounds (percent of `b`) at one-sided level `alpha` on each side,
+    /// i.e. the (1 − 2·alpha) interval: at `alpha` = 2.5% the stored 95% one. A decision taken
+    /// at every look of a sequential design uses the design's level per look here
+    /// (`decide::alpha_per_look`), not the 95% interval shown. Bounds that are unknown or
+    /// exact (one run on a side, identical rounds) are the stored ones.
+    pub fn pct_bounds(&self, alpha: f64) -> (f64, f64) {
+        let t = t95(self.df);
+        let half = (self.high - self.low) / 2.0;
+        if !(self.df.is_finite() && half.is_finite() && half > 0.0 && t > 0.0 && alpha > 0.0)
+            || self.mean_b == 0.0
+            || !self.mean_b.is_finite()
+        {
+            return (self.pct_low, self.pct_high);
+        }
+        let h = half / t * t_quantile(1.0 - alpha, self.df);
+        let pct = |x: f64| 100.0 * x / self.mean_b;
+        (pct(self.diff - h), pct(self.diff + h))
+    }
 }
 
 /// Welch's interval for `mean(a) - mean(b)`. With one sample on a side its variance is unknown
@@ -241,6 +260,27 @@ mod tests {
         assert_eq!(same.low, same.high);
         let r = welch_with_resolution(&[4.0, 4.0, 4.0], &[2.83, 2.83, 2.83], 1.17);
         assert!(r.low < r.diff && r.p_gain > 0.0, "{r:?}");
+    }
+
+    #[test]
+    fn bounds_at_a_level_per_look_widen_the_95_interval_by_the_t_quantiles_ratio() {
+        let d = welch(&[110.0, 112.0, 108.0, 111.0], &[100.0, 101.0, 99.0, 100.5]);
+        let (lo, hi) = d.pct_bounds(0.025);
+        assert!((lo - d.pct_low).abs() < 1e-9 && (hi - d.pct_high).abs() < 1e-9);
+        let (lo, hi) = d.pct_bounds(0.0110);
+        let ratio = t_quantile(1.0 - 0.0110, d.df) / t95(d.df);
+        assert!(ratio > 1.1, "{ratio}");
+        assert!(
+            (d.pct - lo - ratio * (d.pct - d.pct_low)).abs() < 1e-9,
+            "{lo} {d:?}"
+        );
+        assert!(
+            (hi - d.pct - ratio * (d.pct_high - d.pct)).abs() < 1e-9,
+            "{hi} {d:?}"
+        );
+        // Unknown bounds stay unknown.
+        let one = welch(&[110.0], &[100.0, 101.0]);
+        assert_eq!(one.pct_bounds(0.0110), (one.pct_low, one.pct_high));
     }
 
     #[test]

@@ -37,10 +37,6 @@ pub fn active_s(all: &[TrialRecord]) -> f64 {
         .sum()
 }
 
-/// The mark a defaults' trial carries in its note once its engine failed without refusing
-/// it and it ran once more.
-const RETRIED: &str = "a first attempt failed";
-
 /// Times servetune may be killed while one trial runs before that trial counts as failed.
 pub const MAX_KILLS: u32 = 3;
 
@@ -346,6 +342,7 @@ impl<E: Evaluator> Runner<E> {
             attempts: 1,
             stopped: 0,
             startup_s: None,
+            retried_after: None,
         }
     }
 
@@ -518,6 +515,38 @@ impl<E: Evaluator> Runner<E> {
         None
     }
 
+    /// Whether a failed trial runs once more, and if so, resets it for that: its engine failed
+    /// without refusing the configuration (a crash, a hang, a start-up timeout: possibly the
+    /// machine's, e.g. memory a previous engine had not yet released) and it has not run again
+    /// yet. The first failure is kept in `retried_after`, stored before the second attempt, so
+    /// that a resume after a kill during it does not run a third.
+    fn retry_once(&mut self, t: &mut TrialRecord, what: &str) -> Result<bool, TuneError> {
+        let again = t.status == TrialStatus::Failed
+            && t.retried_after.is_none()
+            && t.failure.as_ref().is_some_and(|f| !decide::refused(f));
+        if !again {
+            return Ok(false);
+        }
+        let f = t.failure.take().expect("checked above");
+        self.say(&format!(
+            "trial #{}: {what} failed ({}: {}), which is not the engine refusing the configuration; running it once more",
+            t.seq,
+            f.class,
+            crate::util::excerpt(&f.evidence, 100)
+        ));
+        t.retried_after = Some(f);
+        t.status = TrialStatus::Running;
+        t.screen = None;
+        t.full = None;
+        t.screen_objective = None;
+        t.objective = None;
+        t.early_stop = None;
+        t.promoted = false;
+        t.ended = None;
+        self.put_trial(t)?;
+        Ok(true)
+    }
+
     /// A trial found `Running` at a resume: run it again, unless servetune was killed while it
     /// ran `MAX_KILLS` times already (a trial that takes the host down, e.g. an out-of-memory
     /// kill, would otherwise be retried forever); then it is recorded as failed.
@@ -686,40 +715,9 @@ impl<E: Evaluator> Runner<E> {
                 }
                 // The defaults are the reference: only the engine refusing them (a class its
                 // log proves: out of memory, unsupported, a bad flag) says they cannot run.
-                // A crash, a hang, a start-up timeout or a taken port may be the machine's:
-                // they run once more before they count.
-                // The mark in the note is stored with the trial, so a resume after a kill
-                // during the second attempt does not run a third.
-                let retried = trial.note.contains(RETRIED);
-                let again = match (&trial.failure, trial.status) {
-                    (Some(f), TrialStatus::Failed) => {
-                        is_defaults && attempt == 0 && !retried && !decide::refused(f)
-                    }
-                    _ => false,
-                };
-                if !again {
+                if !(is_defaults && attempt == 0 && self.retry_once(&mut trial, "the defaults")?) {
                     break;
                 }
-                let f = trial.failure.take().expect("checked above");
-                let why = format!(
-                    "the defaults' engine failed ({}: {}), which is not the engine refusing them",
-                    f.class,
-                    crate::util::excerpt(&f.evidence, 100)
-                );
-                self.say(&format!(
-                    "trial #{}: {why}; running them once more",
-                    trial.seq
-                ));
-                trial.note = format!("{} ({RETRIED}: {why})", trial.note);
-                trial.status = TrialStatus::Running;
-                trial.screen = None;
-                trial.full = None;
-                trial.screen_objective = None;
-                trial.objective = None;
-                trial.early_stop = None;
-                trial.promoted = false;
-                trial.ended = None;
-                self.put_trial(&trial)?;
             }
             self.put_trial(&trial)?;
             if let Some(v) = trial.objective {
@@ -1258,46 +1256,54 @@ impl<E: Evaluator> Runner<E> {
                 }
             };
             self.put_trial(&t)?;
-            let dir = self.trial_dir(t.seq);
+            // A round's run whose engine failed without refusing the configuration (a crash,
+            // a hang, a start-up timeout) runs once more before it counts against its arm: the
+            // other arm's run in the round may have done well on a machine that was not.
             let metric = self.metric();
-            let min_s = self.study.spec.constraints.min_success_rate;
-            let limits = self.study.limits.clone();
-            let cancel = self.cancel.clone();
-            let fut = async {
-                let result: Result<(), TrialFailure> = async {
-                    let started = self.eval.start(&t.config, &dir).await?;
-                    t.startup_s = Some(started.startup_s);
-                    t.command = Some(started.command);
-                    t.engine = Some(started.engine);
-                    t.engine_version = started.engine_version;
-                    // To the end, never stopped early: the rounds are pooled.
-                    t.bench_s = 0.0;
-                    let m = self
-                        .quiet_measure(workload, 1.0, false, 0, false, &mut t.bench_s)
-                        .await?;
-                    t.early_stop = m.violation(min_s, &limits);
-                    t.screen_objective = m.objective(metric);
-                    if t.early_stop.is_none() {
-                        t.objective = t.screen_objective;
+            loop {
+                let dir = self.trial_dir(t.seq);
+                let min_s = self.study.spec.constraints.min_success_rate;
+                let limits = self.study.limits.clone();
+                let cancel = self.cancel.clone();
+                let fut = async {
+                    let result: Result<(), TrialFailure> = async {
+                        let started = self.eval.start(&t.config, &dir).await?;
+                        t.startup_s = Some(started.startup_s);
+                        t.command = Some(started.command);
+                        t.engine = Some(started.engine);
+                        t.engine_version = started.engine_version;
+                        // To the end, never stopped early: the rounds are pooled.
+                        t.bench_s = 0.0;
+                        let m = self
+                            .quiet_measure(workload, 1.0, false, 0, false, &mut t.bench_s)
+                            .await?;
+                        t.early_stop = m.violation(min_s, &limits);
+                        t.screen_objective = m.objective(metric);
+                        if t.early_stop.is_none() {
+                            t.objective = t.screen_objective;
+                        }
+                        t.promoted = true;
+                        t.full = Some(m);
+                        Ok(())
                     }
-                    t.promoted = true;
-                    t.full = Some(m);
-                    Ok(())
+                    .await;
+                    let tel = self.eval.stop().await;
+                    self.finish(&mut t, result, tel)
+                };
+                match guarded(cancel, fut).await {
+                    Some(r) => r?,
+                    None => {
+                        let _ = self.eval.stop().await;
+                        t.stopped += 1;
+                        self.put_trial(&t)?;
+                        return Err(TuneError::Interrupted);
+                    }
                 }
-                .await;
-                let tel = self.eval.stop().await;
-                self.finish(&mut t, result, tel)
-            };
-            match guarded(cancel, fut).await {
-                Some(r) => r?,
-                None => {
-                    let _ = self.eval.stop().await;
-                    t.stopped += 1;
-                    self.put_trial(&t)?;
-                    return Err(TuneError::Interrupted);
+                self.put_trial(&t)?;
+                if !self.retry_once(&mut t, &format!("a round's run of #{candidate}"))? {
+                    break;
                 }
             }
-            self.put_trial(&t)?;
             let label = match &t.kind {
                 TrialKind::Remeasure { round, .. } => format!("re-measure round {}", round + 1),
                 TrialKind::Validate {
