@@ -96,6 +96,8 @@ pub struct TrialV1 {
     #[serde(flatten)]
     pub kind: TrialKind,
     pub config: Config,
+    /// Whether the configuration is an engine's defaults.
+    pub defaults: bool,
     pub note: String,
     pub expected_improvement: Option<f64>,
     pub status: TrialStatus,
@@ -119,6 +121,9 @@ pub struct TrialV1 {
     pub attempts: u32,
     pub stopped: u32,
     pub startup_s: Option<f64>,
+    /// The failure of a first attempt after which the trial ran once more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retried_after: Option<TrialFailure>,
 }
 
 /// The best known configuration for a model, hardware, engine version and workload.
@@ -208,6 +213,7 @@ impl From<&TrialRecord> for TrialV1 {
             seq: t.seq,
             kind: t.kind.clone(),
             config: t.config.clone(),
+            defaults: t.defaults,
             note: t.note.clone(),
             expected_improvement: t.expected_improvement,
             status: t.status,
@@ -230,6 +236,7 @@ impl From<&TrialRecord> for TrialV1 {
             attempts: t.attempts,
             stopped: t.stopped,
             startup_s: t.startup_s,
+            retried_after: t.retried_after.clone(),
         }
     }
 }

@@ -93,12 +93,7 @@ pub fn summary(rec: &StudyRecord) -> String {
             let _ = writeln!(s, "recommended: {}", c.display());
         }
         for c in o.checks.iter().filter(|c| c.gate) {
-            let state = match c.state {
-                crate::tune::decide::CheckState::Ok => "ok",
-                crate::tune::decide::CheckState::Regression => "REGRESSION",
-                crate::tune::decide::CheckState::Inconclusive => "inconclusive",
-                crate::tune::decide::CheckState::Info => "",
-            };
+            let state = c.state.label();
             match (&c.diff, &c.note) {
                 (_, Some(n)) => {
                     let _ = writeln!(s, "check {} {}: {n}  {state}", c.workload, c.label);

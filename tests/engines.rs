@@ -173,6 +173,13 @@ async fn an_engine_that_lost_the_race_for_its_port_is_started_again_on_another()
         .await
         .expect("the second start, on another port, serves");
     assert!(marker.exists(), "the first start did not lose the race");
+    // Each start has its own log: the lost race's lines stay in the first, so a later
+    // failure of this engine (an out-of-memory refusal) is not read as a taken port.
+    let t0 = dir.path().join("t0");
+    let first = std::fs::read_to_string(t0.join("engine.log.1")).unwrap();
+    assert!(first.contains("address already in use"), "{first}");
+    let now = std::fs::read_to_string(t0.join("engine.log")).unwrap();
+    assert!(!now.contains("address already in use"), "{now}");
     let pgid = e.ready.process.pgid();
     assert!(group_alive(pgid));
     assert_eq!(

@@ -10,7 +10,8 @@
 //!    `defaults_just_over_a_limit_are_not_infeasible_and_a_slower_candidate_is_not_recommended`
 //!    and `against_defaults_that_surely_miss_a_limit_a_candidate_may_not_lose_beyond_the_tolerance`;
 //! 2. "failed to start": `defaults_that_crash_once_run_again_and_are_not_taken_as_unable_to_start`,
-//!    `a_candidates_round_run_that_crashes_once_runs_again_and_the_round_counts`, and
+//!    `a_candidates_round_run_that_crashes_once_runs_again_and_the_round_counts`,
+//!    `a_candidates_round_run_that_crashes_twice_fails_without_a_third_attempt`, and
 //!    `tests/engines.rs`'s `an_engine_that_lost_the_race_for_its_port_is_started_again_on_another`;
 //! 3. the reference: `in_a_study_of_two_engines_every_engines_defaults_are_remeasured_and_the_best_is_the_reference`;
 //! 4. mixed units: `tune::decide`'s `a_round_without_the_objective_moves_the_whole_comparison_to_the_fallback`;
@@ -70,9 +71,10 @@ struct Faulty {
     infra_fail_starts: Vec<usize>,
     /// Starts that die with an unclassified crash (no log line proves a refusal).
     crash_starts: Vec<usize>,
-    /// From this start on, the first start of a configuration other than the defaults dies
-    /// with an unclassified crash (once).
-    crash_a_candidate_from: Option<usize>,
+    /// `(from, n)`: from this start on, the first configuration other than the defaults to
+    /// start dies with an unclassified crash, for its next `n` starts.
+    crash_a_candidate: Option<(usize, usize)>,
+    crashed: Option<Config>,
     /// How often the study waited for the machine to be quiet.
     settles: usize,
 }
@@ -88,12 +90,19 @@ impl Evaluator for Faulty {
                 log_excerpt: String::new(),
             });
         }
-        let candidate_crash = self
-            .crash_a_candidate_from
-            .is_some_and(|from| i >= from && *cfg != self.inner.space.defaults());
-        if candidate_crash {
-            self.crash_a_candidate_from = None;
-        }
+        let candidate_crash = match self.crash_a_candidate {
+            Some((from, left))
+                if left > 0
+                    && i >= from
+                    && *cfg != self.inner.space.defaults()
+                    && self.crashed.as_ref().is_none_or(|c| c == cfg) =>
+            {
+                self.crashed = Some(cfg.clone());
+                self.crash_a_candidate = Some((from, left - 1));
+                true
+            }
+            _ => false,
+        };
         if self.crash_starts.contains(&i) || candidate_crash {
             return Err(TrialFailure {
                 class: "crash".into(),
@@ -197,7 +206,8 @@ fn runner(store: &Store, text: &str, disturb: Disturb) -> Runner<Faulty> {
         disturb,
         infra_fail_starts: Vec::new(),
         crash_starts: Vec::new(),
-        crash_a_candidate_from: None,
+        crash_a_candidate: None,
+        crashed: None,
         settles: 0,
     };
     let dir = tempfile::tempdir().unwrap().keep();
@@ -534,10 +544,11 @@ async fn a_candidates_round_run_that_crashes_once_runs_again_and_the_round_count
     let mut r = runner(&store, &t, none());
     r.study.spec.budget.trials = 3;
     // Starts 0 to 2 are the search; the crash hits the first candidate's first round run.
-    r.eval.crash_a_candidate_from = Some(3);
+    r.eval.crash_a_candidate = Some((3, 1));
     r.run().await.unwrap();
     assert_eq!(
-        r.eval.crash_a_candidate_from, None,
+        r.eval.crash_a_candidate,
+        Some((3, 0)),
         "no candidate run crashed"
     );
     let ts = Records::new(store.clone()).trials("round-crash").unwrap();
@@ -562,6 +573,45 @@ async fn a_candidates_round_run_that_crashes_once_runs_again_and_the_round_count
         .outcome
         .unwrap();
     assert!(!out.verdict.contains("failed"), "{}", out.verdict);
+}
+
+/// The other half: a round's run that crashes on its second attempt too counts against its
+/// arm, and is not run a third time (a third start would have succeeded here).
+#[tokio::test]
+async fn a_candidates_round_run_that_crashes_twice_fails_without_a_third_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t = text(
+        "round-crash-2",
+        "\"max_num_seqs\"",
+        "",
+        "[screening]\nfraction = 1\n",
+    );
+    let mut r = runner(&store, &t, none());
+    r.study.spec.budget.trials = 3;
+    r.eval.crash_a_candidate = Some((3, 2));
+    r.run().await.unwrap();
+    assert_eq!(r.eval.crash_a_candidate, Some((3, 0)), "two crashes");
+    let ts = Records::new(store.clone()).trials("round-crash-2").unwrap();
+    let failed: Vec<&TrialRecord> = ts
+        .iter()
+        .filter(|t| t.status == TrialStatus::Failed)
+        .collect();
+    assert_eq!(failed.len(), 1, "{ts:#?}");
+    let run = failed[0];
+    assert!(
+        matches!(run.kind, TrialKind::Remeasure { .. }),
+        "{:?}",
+        run.kind
+    );
+    assert_eq!(
+        run.retried_after.as_ref().map(|f| f.class.as_str()),
+        Some("crash")
+    );
+    assert_eq!(
+        run.failure.as_ref().map(|f| f.class.as_str()),
+        Some("crash")
+    );
 }
 
 #[tokio::test]

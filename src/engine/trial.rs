@@ -208,6 +208,10 @@ impl Launcher {
         let host_available = crate::telemetry::host_memory::mem_available();
         let tag = new_tag();
         let log = dir.join("engine.log");
+        // Each start classifies its own log: an earlier start's (a lost port race, a crash
+        // run once more) is kept beside it as `engine.log.N`, so that its lines (a taken port)
+        // cannot be read as this start's failure.
+        rotate(&log)?;
         let mut env = rendered.env.clone();
         env.push((TAG_ENV.into(), tag.clone()));
         if let Some(store) = &self.store {
@@ -283,6 +287,22 @@ impl Launcher {
         }
         Ok(())
     }
+}
+
+/// Moves a non-empty `log` aside to the first free `log.N` (N from 1).
+fn rotate(log: &Path) -> Result<(), TrialError> {
+    if std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
+        return Ok(());
+    }
+    let name = log.file_name().unwrap_or_default().to_string_lossy();
+    let to = (1..)
+        .map(|n| log.with_file_name(format!("{name}.{n}")))
+        .find(|p| !p.exists())
+        .expect("an unbounded range has a free name");
+    std::fs::rename(log, &to).map_err(|source| TrialError::Io {
+        path: log.display().to_string(),
+        source,
+    })
 }
 
 impl TrialEngine {

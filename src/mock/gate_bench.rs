@@ -68,6 +68,7 @@ fn trial(seq: u32, kind: TrialKind, v: f64, ttft: f64) -> TrialRecord {
         seq,
         kind,
         config: Default::default(),
+        defaults: false,
         note: String::new(),
         expected_improvement: None,
         status: TrialStatus::Ok,
@@ -310,7 +311,7 @@ mod tests {
 
     /// Issue 20, item 5: a guard read at 95% after each of rounds 3, 4 and 5 passes a
     /// candidate whose mean TTFT is worse by exactly the tolerance more often than 2.5%; read
-    /// at the level per look, at most 2.5% (with the simulation's own error).
+    /// at the level per look, at most 2.5%.
     #[test]
     fn a_guard_read_after_every_round_passes_a_loss_at_the_tolerance_at_most_2_5_percent() {
         let o = GateOptions {
@@ -337,8 +338,9 @@ mod tests {
         };
         let shipped = count(d.alpha);
         let at_95 = count(decide::ALPHA);
-        // 2.5% of 4,000 is 100; the simulation's standard error is about 10.
-        assert!(shipped <= 110, "shipped: {shipped} of 4000");
+        // 2.5% of 4,000 is 100 (the shipped rate reads about 1.8%; the simulation's standard
+        // error is about 10).
+        assert!(shipped <= 100, "shipped: {shipped} of 4000");
         assert!(at_95 > 110, "at 95%: {at_95} of 4000");
     }
 

@@ -106,9 +106,9 @@ fn conclusion(d: &ReportData) -> Markup {
                         td { (r.workload) } td { (r.metric) }
                         td { (mean_ci(&r.baseline)) } td { (mean_ci(&r.recommended)) }
                         @match (r.state, r.gate) {
-                            (CheckState::Regression, _) => td.regression { (change) " REGRESSION" },
-                            (CheckState::Inconclusive, _) => td.inconclusive { (change) " (inconclusive)" },
-                            (CheckState::Ok, true) => td.within { (change) " (within tolerance)" },
+                            (CheckState::Regression, _) => td.regression { (change) " " (r.state.label()) },
+                            (CheckState::Inconclusive, _) => td.inconclusive { (change) " (" (r.state.label()) ")" },
+                            (CheckState::Ok, true) => td.within { (change) " (" (r.state.label()) ")" },
                             _ => td { (change) },
                         }
                     }

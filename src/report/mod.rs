@@ -301,7 +301,7 @@ pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
             trials: 0,
         });
         row.trials += 1;
-        if t.note.contains("baseline") {
+        if t.defaults || Some(t.seq) == baseline_trial {
             row.defaults = t.objective;
         }
         if let Some(v) = t.objective {
@@ -575,9 +575,9 @@ pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
         for r in &d.rows {
             let change = change_text(r);
             let change = match (r.state, r.gate) {
-                (CheckState::Regression, _) => format!("**{change} REGRESSION**"),
-                (CheckState::Inconclusive, _) => format!("{change} *inconclusive*"),
-                (CheckState::Ok, true) => format!("{change} (within tolerance)"),
+                (CheckState::Regression, _) => format!("**{change} {}**", r.state.label()),
+                (CheckState::Inconclusive, _) => format!("{change} *{}*", r.state.label()),
+                (CheckState::Ok, true) => format!("{change} ({})", r.state.label()),
                 _ => change,
             };
             let _ = writeln!(

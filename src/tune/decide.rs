@@ -24,8 +24,9 @@
 //!    significant when its adjusted p-value is at most the level per look
 //!    (`alpha_per_look`: Pocock's constant level over the looks from `repeats` to
 //!    `max_repeats`, so that the study's one-sided error rate over all its looks stays at
-//!    2.5%). Every other decision read after each round is taken at that level too, never at
-//!    a fixed 95% read again and again. Defaults measured in every round miss the constraints
+//!    2.5%). Every other interval a decision reads after each round is taken at that level
+//!    too, never a fixed 95% one read again and again (whether an arm meets the constraints
+//!    is read on its pooled point estimates, step 1). Defaults measured in every round miss the constraints
 //!    only beyond doubt (`violation_established`: a Wilson bound on the success rate, a
 //!    one-sided t bound on each SLO's per-round readings); missing them so, they are beaten by a candidate that
 //!    meets them and whose objective's interval does not reach below theirs by more than the
@@ -120,6 +121,19 @@ pub enum CheckState {
     Inconclusive,
     /// Shown for information; it does not gate the recommendation.
     Info,
+}
+
+impl CheckState {
+    /// The one word for the state that the CLI, the report and the status page show beside a
+    /// gating check's change (`""` for a check that only informs).
+    pub fn label(self) -> &'static str {
+        match self {
+            CheckState::Ok => "within tolerance",
+            CheckState::Regression => "REGRESSION",
+            CheckState::Inconclusive => "inconclusive",
+            CheckState::Info => "",
+        }
+    }
 }
 
 /// One figure of the leader against the defaults on one workload.
@@ -839,9 +853,9 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     let mut significant_leader: Option<(Comparison, Vec<Check>)> = None;
     for c in &ranked {
         let k = checks_of(c.candidate);
-        let regress = describe(&k, CheckState::Regression);
+        let regress = describe(&k, CheckState::Regression, rules.alpha);
         let unsure = if is_final(c.candidate) {
-            describe(&k, CheckState::Inconclusive)
+            describe(&k, CheckState::Inconclusive, rules.alpha)
         } else {
             Vec::new()
         };
@@ -965,7 +979,7 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
         (all_ok && validated && !short_of_clean && pending == Pending::None).then_some(l.candidate)
     });
     let rounds = |c: &Comparison| c.diff.as_ref().map_or(0, |d| d.n_a);
-    let problems = |state: CheckState| describe(&checks, state);
+    let problems = |state: CheckState| describe(&checks, state, rules.alpha);
     let verdict = match (&recommended, &significant_leader) {
         (Some(r), Some(l)) => {
             let d = l
@@ -1122,13 +1136,25 @@ pub fn decide(rules: &Rules, input: &Input) -> Decision {
     }
 }
 
-/// The gating checks in `state`, as the verdict names them (`chat ttft:p99 +12.0% …`).
-fn describe(checks: &[Check], state: CheckState) -> Vec<String> {
+/// The gating checks in `state`, as the verdict names them (`chat ttft:p99 +12.0% …`), with
+/// the interval the state was decided on (at the level per look `alpha`), which is wider than
+/// the 95% one shown beside it.
+fn describe(checks: &[Check], state: CheckState, alpha: f64) -> Vec<String> {
     checks
         .iter()
         .filter(|c| c.gate && c.state == state)
         .map(|c| match (&c.diff, &c.note) {
             (_, Some(n)) => format!("{}: {n}", c.workload),
+            (Some(d), None) if d.n_b > 0 && d.pct.is_finite() => {
+                let (lo, hi) = d.pct_bounds(alpha);
+                format!(
+                    "{} {} {}, decided on {lo:+.1}% to {hi:+.1}% (the {:.1}% interval of the level per look)",
+                    c.workload,
+                    c.label,
+                    pct(d),
+                    100.0 * (1.0 - 2.0 * alpha)
+                )
+            }
             (Some(d), None) => format!("{} {} {}", c.workload, c.label, pct(d)),
             (None, None) => format!("{} {} (not measured)", c.workload, c.label),
         })
@@ -1173,6 +1199,7 @@ mod tests {
             seq,
             kind,
             config: Config::new(),
+            defaults: false,
             note: String::new(),
             expected_improvement: None,
             status: if infeasible.is_some() {

@@ -132,6 +132,11 @@ pub struct TrialRecord {
     #[serde(flatten)]
     pub kind: TrialKind,
     pub config: Config,
+    /// Whether the configuration is an engine's defaults (the reference the gate compares
+    /// with), set when the trial is created. Records written before it existed read `false`;
+    /// the study's outcome names its reference (`Outcome::baseline_trial`).
+    #[serde(default)]
+    pub defaults: bool,
     pub note: String,
     pub expected_improvement: Option<f64>,
     pub status: TrialStatus,

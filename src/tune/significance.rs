@@ -151,7 +151,12 @@ impl Diff {
     pub fn pct_bounds(&self, alpha: f64) -> (f64, f64) {
         let t = t95(self.df);
         let half = (self.high - self.low) / 2.0;
-        if !(self.df.is_finite() && half.is_finite() && half > 0.0 && t > 0.0 && alpha > 0.0)
+        if !(self.df.is_finite()
+            && half.is_finite()
+            && half > 0.0
+            && t > 0.0
+            && alpha > 0.0
+            && alpha < 0.5)
             || self.mean_b == 0.0
             || !self.mean_b.is_finite()
         {

@@ -319,6 +319,7 @@ impl<E: Evaluator> Runner<E> {
             study: self.id(),
             seq,
             kind,
+            defaults: self.space.baselines().contains(&config),
             config,
             note,
             expected_improvement: ei,
@@ -536,6 +537,11 @@ impl<E: Evaluator> Runner<E> {
         ));
         t.retried_after = Some(f);
         t.status = TrialStatus::Running;
+        t.startup_s = None;
+        t.command = None;
+        t.engine_version = None;
+        t.bench_s = 0.0;
+        t.telemetry = None;
         t.screen = None;
         t.full = None;
         t.screen_objective = None;
@@ -1299,8 +1305,10 @@ impl<E: Evaluator> Runner<E> {
                         return Err(TuneError::Interrupted);
                     }
                 }
-                self.put_trial(&t)?;
+                // Whether it runs again is decided before the failure is stored: a kill in
+                // between must not leave a failed record that a resume would take as final.
                 if !self.retry_once(&mut t, &format!("a round's run of #{candidate}"))? {
+                    self.put_trial(&t)?;
                     break;
                 }
             }
