@@ -418,8 +418,8 @@ fn smoke_log(paths: &LlamaPaths, variant: &str) -> PathBuf {
 /// How a smoke test failed.
 #[derive(Debug)]
 struct SmokeFailure {
-    /// The server was killed by a signal (SIGILL, SIGSEGV, …): the build cannot run on this
-    /// CPU. Otherwise it exited with an error, did not answer in time or answered wrong, which
+    /// The server was killed by a fault signal (SIGILL, SIGSEGV, SIGBUS, SIGFPE): the build
+    /// cannot run on this CPU. Otherwise it exited with an error, did not answer in time or answered wrong, which
     /// a busy machine or a taken port can cause.
     crashed: bool,
     why: String,
@@ -486,8 +486,18 @@ fn smoke_test(paths: &LlamaPaths, variant: &str) -> Result<(), SmokeFailure> {
         c.0.try_wait().ok().flatten().map(|st| {
             use std::os::unix::process::ExitStatusExt;
             match st.signal() {
+                // A fault of the code on this CPU. SIGKILL (the OOM killer, an operator) or
+                // SIGTERM says nothing about the build.
+                Some(sig)
+                    if [libc::SIGILL, libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE].contains(&sig) =>
+                {
+                    SmokeFailure {
+                        crashed: true,
+                        why: format!("killed by signal {sig} (see {})", log.display()),
+                    }
+                }
                 Some(sig) => SmokeFailure {
-                    crashed: true,
+                    crashed: false,
                     why: format!("killed by signal {sig} (see {})", log.display()),
                 },
                 None => SmokeFailure {
@@ -567,7 +577,8 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
         match smoke_test(paths, "cached") {
             Err(f) if f.crashed => {
                 eprintln!("[setup] the cached llama-server crashes on this machine ({}); rebuilding it for a portable CPU baseline", f.why);
-                let _ = std::fs::remove_file(paths.build_stamp());
+                let stamp = paths.build_stamp();
+                std::fs::remove_file(&stamp).map_err(io_err(&stamp))?;
                 portable = true;
             }
             result => {

@@ -289,16 +289,23 @@ impl Launcher {
     }
 }
 
-/// Moves a non-empty `log` aside to the first free `log.N` (N from 1).
+/// Moves a non-empty `log` aside to the first free `log.N` (N from 1 to 1000).
 fn rotate(log: &Path) -> Result<(), TrialError> {
     if std::fs::metadata(log).map_or(true, |m| m.len() == 0) {
         return Ok(());
     }
     let name = log.file_name().unwrap_or_default().to_string_lossy();
-    let to = (1..)
+    // A name is free only when the file system says so (another error is not "free": a
+    // rename would overwrite an older start's log).
+    let to = (1..=1000)
         .map(|n| log.with_file_name(format!("{name}.{n}")))
-        .find(|p| !p.exists())
-        .expect("an unbounded range has a free name");
+        .find(|p| {
+            std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        })
+        .ok_or_else(|| TrialError::Io {
+            path: log.display().to_string(),
+            source: std::io::Error::other("no free name to move the previous start's log to"),
+        })?;
     std::fs::rename(log, &to).map_err(|source| TrialError::Io {
         path: log.display().to_string(),
         source,

@@ -1145,7 +1145,12 @@ fn describe(checks: &[Check], state: CheckState, alpha: f64) -> Vec<String> {
         .filter(|c| c.gate && c.state == state)
         .map(|c| match (&c.diff, &c.note) {
             (_, Some(n)) => format!("{}: {n}", c.workload),
-            (Some(d), None) if d.n_b > 0 && d.pct.is_finite() => {
+            (Some(d), None)
+                if d.n_b > 0
+                    && d.pct.is_finite()
+                    && d.pct_bounds(alpha).0.is_finite()
+                    && d.pct_bounds(alpha).1.is_finite() =>
+            {
                 let (lo, hi) = d.pct_bounds(alpha);
                 format!(
                     "{} {} {}, decided on {lo:+.1}% to {hi:+.1}% (the {:.1}% interval of the level per look)",
