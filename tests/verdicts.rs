@@ -527,31 +527,37 @@ async fn defaults_that_crash_once_run_again_and_are_not_taken_as_unable_to_start
     assert!(!out.verdict.contains("failed to start"), "{}", out.verdict);
 }
 
+/// A three-trial study of `max_num_seqs` whose first candidate, from start 3 on (starts 0 to
+/// 2 are the search), crashes at its next `crashes` starts: the store, the trials, and the
+/// crashes left (`(3, 0)` once all happened); the directory lives as long as its handle.
+async fn round_crash_study(
+    name: &str,
+    crashes: usize,
+) -> (
+    tempfile::TempDir,
+    Store,
+    Vec<TrialRecord>,
+    Option<(usize, usize)>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t = text(name, "\"max_num_seqs\"", "", "[screening]\nfraction = 1\n");
+    let mut r = runner(&store, &t, none());
+    r.study.spec.budget.trials = 3;
+    r.eval.crash_a_candidate = Some((3, crashes));
+    r.run().await.unwrap();
+    let ts = Records::new(store.clone()).trials(name).unwrap();
+    (dir, store, ts, r.eval.crash_a_candidate)
+}
+
 /// Issue 20, item 2, in the rounds: a candidate's re-measurement run whose engine crashes
 /// without a refusal its log proves (the defaults' run of the round did fine) runs once more,
 /// and the round counts. Before, the crash made the candidate's arm fail ("the engine
 /// failed"), on a failure that may well have been the machine's.
 #[tokio::test]
 async fn a_candidates_round_run_that_crashes_once_runs_again_and_the_round_counts() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let t = text(
-        "round-crash",
-        "\"max_num_seqs\"",
-        "",
-        "[screening]\nfraction = 1\n",
-    );
-    let mut r = runner(&store, &t, none());
-    r.study.spec.budget.trials = 3;
-    // Starts 0 to 2 are the search; the crash hits the first candidate's first round run.
-    r.eval.crash_a_candidate = Some((3, 1));
-    r.run().await.unwrap();
-    assert_eq!(
-        r.eval.crash_a_candidate,
-        Some((3, 0)),
-        "no candidate run crashed"
-    );
-    let ts = Records::new(store.clone()).trials("round-crash").unwrap();
+    let (_dir, store, ts, left) = round_crash_study("round-crash", 1).await;
+    assert_eq!(left, Some((3, 0)), "no candidate run crashed");
     let retried: Vec<&TrialRecord> = ts.iter().filter(|t| t.retried_after.is_some()).collect();
     assert_eq!(retried.len(), 1, "{ts:#?}");
     let run = retried[0];
@@ -579,20 +585,8 @@ async fn a_candidates_round_run_that_crashes_once_runs_again_and_the_round_count
 /// arm, and is not run a third time (a third start would have succeeded here).
 #[tokio::test]
 async fn a_candidates_round_run_that_crashes_twice_fails_without_a_third_attempt() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let t = text(
-        "round-crash-2",
-        "\"max_num_seqs\"",
-        "",
-        "[screening]\nfraction = 1\n",
-    );
-    let mut r = runner(&store, &t, none());
-    r.study.spec.budget.trials = 3;
-    r.eval.crash_a_candidate = Some((3, 2));
-    r.run().await.unwrap();
-    assert_eq!(r.eval.crash_a_candidate, Some((3, 0)), "two crashes");
-    let ts = Records::new(store.clone()).trials("round-crash-2").unwrap();
+    let (_dir, _store, ts, left) = round_crash_study("round-crash-2", 2).await;
+    assert_eq!(left, Some((3, 0)), "two crashes");
     let failed: Vec<&TrialRecord> = ts
         .iter()
         .filter(|t| t.status == TrialStatus::Failed)

@@ -1145,22 +1145,16 @@ fn describe(checks: &[Check], state: CheckState, alpha: f64) -> Vec<String> {
         .filter(|c| c.gate && c.state == state)
         .map(|c| match (&c.diff, &c.note) {
             (_, Some(n)) => format!("{}: {n}", c.workload),
-            (Some(d), None)
-                if d.n_b > 0
-                    && d.pct.is_finite()
-                    && d.pct_bounds(alpha).0.is_finite()
-                    && d.pct_bounds(alpha).1.is_finite() =>
-            {
-                let (lo, hi) = d.pct_bounds(alpha);
-                format!(
+            (Some(d), None) => match d.pct_bounds(alpha) {
+                (lo, hi) if d.n_b > 0 && d.pct.is_finite() && lo.is_finite() && hi.is_finite() => format!(
                     "{} {} {}, decided on {lo:+.1}% to {hi:+.1}% (the {:.1}% interval of the level per look)",
                     c.workload,
                     c.label,
                     pct(d),
                     100.0 * (1.0 - 2.0 * alpha)
-                )
-            }
-            (Some(d), None) => format!("{} {} {}", c.workload, c.label, pct(d)),
+                ),
+                _ => format!("{} {} {}", c.workload, c.label, pct(d)),
+            },
             (None, None) => format!("{} {} (not measured)", c.workload, c.label),
         })
         .collect()

@@ -176,6 +176,22 @@ pub struct TrialRecord {
     pub retried_after: Option<TrialFailure>,
 }
 
+impl TrialRecord {
+    /// Back to `running` with no result: no run, objective or early stop, not promoted, not
+    /// ended (a trial that runs again: after servetune's own failure, or once more after a
+    /// failure that may be the machine's).
+    pub fn reopen(&mut self) {
+        self.status = TrialStatus::Running;
+        self.ended = None;
+        self.screen = None;
+        self.full = None;
+        self.screen_objective = None;
+        self.objective = None;
+        self.early_stop = None;
+        self.promoted = false;
+    }
+}
+
 /// How many interleaved rounds the decision took, and why they stopped.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Rounds {

@@ -536,19 +536,13 @@ impl<E: Evaluator> Runner<E> {
             crate::util::excerpt(&f.evidence, 100)
         ));
         t.retried_after = Some(f);
-        t.status = TrialStatus::Running;
+        t.reopen();
+        // Nor the first attempt's engine: the second records its own.
         t.startup_s = None;
         t.command = None;
         t.engine_version = None;
         t.bench_s = 0.0;
         t.telemetry = None;
-        t.screen = None;
-        t.full = None;
-        t.screen_objective = None;
-        t.objective = None;
-        t.early_stop = None;
-        t.promoted = false;
-        t.ended = None;
         self.put_trial(t)?;
         Ok(true)
     }
@@ -1109,15 +1103,8 @@ impl<E: Evaluator> Runner<E> {
                 // `running`, so that it runs again once the cause is fixed and the study is
                 // resumed; the failure is kept for the record.
                 t.failure = Some(f.clone());
-                t.status = TrialStatus::Running;
                 t.stopped += 1;
-                t.ended = None;
-                t.screen = None;
-                t.full = None;
-                t.screen_objective = None;
-                t.objective = None;
-                t.early_stop = None;
-                t.promoted = false;
+                t.reopen();
                 self.put_trial(t)?;
                 return Err(TuneError::Infrastructure(f.evidence));
             }
