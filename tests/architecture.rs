@@ -2,7 +2,8 @@
 //! ARCHITECTURE.md states them, checked against every `crate::…` and `super::…` path in
 //! `src/`. A new edge fails here until the document allows it, so the document stays true and
 //! a layering mistake (production code reaching into the mock, `space` importing `engine`) is
-//! caught in review rather than found later.
+//! caught in review rather than found later. The table itself has no cycle, and inside every
+//! module the files (its child modules) do not depend on one another in a cycle either.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -355,4 +356,250 @@ fn the_checker_sees_every_form_of_path() {
         vec!["space/mod.rs: space -> engine".to_string()]
     );
     assert!(allowed_from_doc("- `a`: b\n").is_err());
+}
+
+/// A cycle in a directed graph, as `a -> b -> a`, if there is one (depth-first, nodes and
+/// edges in sorted order, so the cycle reported is always the same).
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<String> {
+    fn visit(
+        n: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        done: &mut BTreeSet<String>,
+        path: &mut Vec<String>,
+    ) -> Option<String> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut cycle = path[i..].to_vec();
+            cycle.push(n.to_owned());
+            return Some(cycle.join(" -> "));
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_owned());
+        for next in graph.get(n).into_iter().flatten() {
+            if let Some(c) = visit(next, graph, done, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|n| visit(n, graph, &mut done, &mut Vec::new()))
+}
+
+#[test]
+fn the_allowed_table_has_no_cycle() {
+    let doc = fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let allowed = allowed_from_doc(&doc).unwrap();
+    assert_eq!(
+        find_cycle(&allowed),
+        None,
+        "ARCHITECTURE.md's table has a cycle"
+    );
+}
+
+/// A file's module path under `src/` (`tune/study/search.rs`: `tune::study::search`;
+/// `tune/opt/mod.rs`: `tune::opt`). `None` for the crate roots.
+fn module_path(rel: &Path) -> Option<Vec<String>> {
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let last = parts.pop()?.trim_end_matches(".rs").to_owned();
+    if parts.is_empty() && (last == "lib" || last == "main") {
+        return None;
+    }
+    if last != "mod" {
+        parts.push(last);
+    }
+    Some(parts)
+}
+
+/// Every module path a file's code names, absolute: `crate::a::b` as it is, `super::…` chains
+/// climbed from the file's own module `at`, groups (`super::{a, b::{c, d}}`) expanded.
+fn named_paths(code: &str, at: &[String]) -> Vec<Vec<String>> {
+    fn ident(s: &str) -> &str {
+        let end = s
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len());
+        &s[..end]
+    }
+    /// The paths a `use` tail spells (`a::b::{c, d::e}` → `a::b::c`, `a::b::d::e`).
+    fn tails(rest: &str, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+        if let Some(group) = rest.strip_prefix('{') {
+            let (mut depth, mut start) = (0usize, 0usize);
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        tails(group[start..i].trim(), prefix.clone(), out);
+                        return;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        tails(group[start..i].trim(), prefix.clone(), out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let mut path = prefix;
+        let mut rest = rest;
+        loop {
+            let name = ident(rest);
+            if name.is_empty() {
+                break;
+            }
+            path.push(name.to_owned());
+            rest = &rest[name.len()..];
+            match rest.strip_prefix("::") {
+                Some(r) if r.starts_with('{') => return tails(r, path, out),
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+    let mut out = Vec::new();
+    // A path starts where no identifier, `$` (`$crate`) or `::` (the second `super` of a
+    // chain) comes before it.
+    let starts = |i: usize| {
+        !code[..i]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$' || c == ':')
+    };
+    for (i, _) in code.match_indices("crate::").filter(|(i, _)| starts(*i)) {
+        tails(&code[i + "crate::".len()..], Vec::new(), &mut out);
+    }
+    for (i, _) in code.match_indices("super::").filter(|(i, _)| starts(*i)) {
+        let mut after = &code[i..];
+        let mut climbs = 0;
+        while let Some(a) = after.strip_prefix("super::") {
+            climbs += 1;
+            after = a;
+        }
+        if climbs <= at.len() {
+            tails(after, at[..at.len() - climbs].to_vec(), &mut out);
+        }
+    }
+    out
+}
+
+/// Whether a file is a unit-test module (`tests.rs`, or under a `tests/` directory): tests
+/// may use anything.
+fn is_test_file(rel: &Path) -> bool {
+    rel.iter().any(|p| p == "tests" || p == "tests.rs")
+}
+
+/// Each module's dependencies between its own child modules (its files and sub-directories),
+/// from every path a file names: `parent -> (child -> children it uses)`. A file in child `a`
+/// of module `m` that names `m::b`, where `b` is another child of `m`, is the edge `a -> b`.
+fn sibling_edges(src: &Path) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut modules: BTreeSet<Vec<String>> = BTreeSet::new();
+    let mut parsed = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(src).expect("under src");
+        let Some(m) = module_path(rel) else { continue };
+        for k in 1..=m.len() {
+            modules.insert(m[..k].to_vec());
+        }
+        if !is_test_file(rel) {
+            parsed.push((m, code_of(&fs::read_to_string(f).expect("readable source"))));
+        }
+    }
+    let mut edges: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for (at, code) in &parsed {
+        for named in named_paths(code, at) {
+            let common = at.iter().zip(&named).take_while(|(a, b)| a == b).count();
+            if common < at.len() && common < named.len() && modules.contains(&named[..=common]) {
+                edges
+                    .entry(at[..common].join("::"))
+                    .or_default()
+                    .entry(at[common].clone())
+                    .or_default()
+                    .insert(named[common].clone());
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_module_has_files_that_depend_on_one_another_in_a_cycle() {
+    let cycles: Vec<String> = sibling_edges(&root().join("src"))
+        .iter()
+        .filter_map(|(parent, graph)| {
+            find_cycle(graph).map(|c| {
+                format!(
+                    "in `{}`: {c}",
+                    if parent.is_empty() { "crate" } else { parent }
+                )
+            })
+        })
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "file-level cycles:\n{}",
+        cycles.join("\n")
+    );
+}
+
+/// The cycle checks themselves: a cycle in a table, and a two-file cycle inside a module
+/// spelled with `super::` on one side and a `crate::` group on the other, are found; a file
+/// using its parent's own items and a test file are not edges.
+#[test]
+fn the_cycle_checks_find_a_table_cycle_and_a_file_cycle() {
+    let allowed = allowed_from_doc(
+        "x\n## Dependency directions\n- `a`: `b`\n- `b`: `c`\n- `c`: `a`\n- `d`: nothing\n",
+    )
+    .unwrap();
+    assert_eq!(find_cycle(&allowed).as_deref(), Some("a -> b -> c -> a"));
+    let acyclic =
+        allowed_from_doc("x\n## Dependency directions\n- `a`: `b`\n- `b`: nothing\n").unwrap();
+    assert_eq!(find_cycle(&acyclic), None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("tune");
+    fs::create_dir_all(m.join("opt")).unwrap();
+    fs::write(
+        m.join("mod.rs"),
+        "pub mod records;\npub mod decide;\npub mod opt;\n",
+    )
+    .unwrap();
+    fs::write(
+        m.join("records.rs"),
+        "use super::decide::Check;\nuse super::Shared;\n",
+    )
+    .unwrap();
+    fs::write(
+        m.join("decide.rs"),
+        "use crate::{space::X, tune::{records::TrialRecord}};\n",
+    )
+    .unwrap();
+    fs::write(m.join("opt/mod.rs"), "use super::decide::Rules;\n").unwrap();
+    fs::write(m.join("opt/gp.rs"), "use super::super::records::A;\n").unwrap();
+    fs::write(m.join("opt/tests.rs"), "use crate::tune::spec::B;\n").unwrap();
+    let edges = sibling_edges(dir.path());
+    let tune = &edges["tune"];
+    assert_eq!(tune["records"], BTreeSet::from(["decide".to_string()]));
+    assert_eq!(tune["decide"], BTreeSet::from(["records".to_string()]));
+    assert_eq!(
+        tune["opt"],
+        BTreeSet::from(["decide".to_string(), "records".to_string()])
+    );
+    assert_eq!(
+        find_cycle(tune).as_deref(),
+        Some("decide -> records -> decide")
+    );
 }

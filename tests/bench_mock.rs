@@ -2,6 +2,9 @@
 //! latencies equal the configured ones, every failure kind is produced for real and classified,
 //! and the early-abort policy stops runs that cannot pass.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 mod common;
 
 use common::{bench_at, scripted_server, start_mock};

@@ -1,6 +1,9 @@
 //! The `servetune` binary end to end: `mock-engine` and `bench` as subprocesses, the printed
 //! block, the saved JSON with vLLM's keys, clean SIGTERM, and bad input as a clear error.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 

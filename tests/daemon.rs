@@ -9,6 +9,9 @@
 //!   field.
 //! - The status page in headless Chromium.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -409,19 +412,80 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
 
     // Changes need the token: none, a wrong one (same and other length), then bad bodies.
     let study = sim_study("api", 6);
+    refuses_changes_without_the_token_and_bad_requests(&api, &study).await;
+
+    // A study, start to finish. The queue entry answered is the v1 job, without the file.
+    let (code, job) = api.post("/v1/studies", Some(&api.token), &study).await;
+    assert_eq!(code, 201, "{job}");
+    let id = job["study"].as_str().unwrap().to_owned();
+    assert_eq!(id, "api-20261203-090000");
+    assert_eq!(job["spec_text"], "", "{job}");
+    snapshot_json("job-submitted", job);
+    api.wait_state(&id, "done").await;
+    let (code, list) = api.get("/v1/studies").await;
+    assert_eq!(code, 200);
+    snapshot_json("studies", list);
+    let (_, detail) = api.get(&format!("/v1/studies/{id}")).await;
+    assert_eq!(detail["study"]["phase"], "done");
+    assert_eq!(detail["study"]["trigger"], "submitted");
+    let (_, trials) = api.get(&format!("/v1/studies/{id}/trials")).await;
+    let trials = trials.as_array().unwrap().clone();
+    let search = trials.iter().filter(|t| t["kind"] == "search").count();
+    assert_eq!(search, 6);
+    assert!(trials.iter().all(|t| t["status"] != "running"));
+    // The v1 shapes of a study and a trial (a store schema change must not move them): the
+    // command is one shell-quoted string.
+    assert!(
+        trials.iter().all(|t| t["command"].is_string()),
+        "{trials:?}"
+    );
+    snapshot_json("study-detail", detail.clone());
+    snapshot_json("trial", trials[0].clone());
+    let (code, ct, md) = api.text(&format!("/v1/studies/{id}/report")).await;
+    assert_eq!(code, 200);
+    assert!(ct.starts_with("text/markdown"), "{ct}");
+    assert!(md.contains("Serving Benchmark Result"), "{md}");
+    let (code, rep) = api
+        .get(&format!("/v1/studies/{id}/report?format=json"))
+        .await;
+    assert_eq!(code, 200);
+    assert_eq!(rep["study"]["id"], id.as_str());
+    snapshot_json("report", rep);
+    let (code, _) = api
+        .get(&format!("/v1/studies/{id}/report?format=pdf"))
+        .await;
+    assert_eq!(code, 400);
+    let (_, best) = api.get("/v1/best?model=mock-8b").await;
+    assert_eq!(best["node"], NODE);
+    let cmd = best["command"].as_str().expect("a command for this node");
+    assert!(cmd.contains("max_num_seqs"), "{cmd}");
+    snapshot_json("best", best);
+    let (_, none) = api.get("/v1/best?model=other").await;
+    assert!(none["command"].is_null() && none["best"].as_array().unwrap().is_empty());
+
+    // The metrics agree with the trials.
+    assert_metrics_agree_with(&api, &trials).await;
+    h.stop().await.unwrap();
+}
+
+/// Asserts that changes need the token (none, or a wrong one of the same or another length,
+/// is refused with 401 and a challenge), that a body over the limit, a study the daemon cannot
+/// read, an unknown path or method and a repeated query parameter are refused with their status
+/// codes, and that every refusal is a JSON error.
+async fn refuses_changes_without_the_token_and_bad_requests(api: &Api, study: &str) {
     for token in [
         None,
         Some("x".repeat(api.token.len())),
         Some("short".into()),
     ] {
-        let (code, j) = api.post("/v1/studies", token.as_deref(), &study).await;
+        let (code, j) = api.post("/v1/studies", token.as_deref(), study).await;
         assert_eq!(code, 401, "{j}");
         assert!(j["error"].as_str().unwrap().contains("token"), "{j}");
     }
     let r = api
         .http
         .post(format!("{}/v1/studies", api.base))
-        .body(study.clone())
+        .body(study.to_owned())
         .send()
         .await
         .unwrap();
@@ -464,52 +528,11 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
         let j: Json = r.json().await.unwrap();
         assert!(j["error"].is_string(), "{method} {path}: {j}");
     }
+}
 
-    // A study, start to finish.
-    let id = api.submit(&study).await;
-    assert_eq!(id, "api-20261203-090000");
-    api.wait_state(&id, "done").await;
-    let (code, list) = api.get("/v1/studies").await;
-    assert_eq!(code, 200);
-    snapshot_json("studies", list);
-    let (_, detail) = api.get(&format!("/v1/studies/{id}")).await;
-    assert_eq!(detail["study"]["phase"], "done");
-    assert_eq!(detail["study"]["trigger"], "submitted");
-    let (_, trials) = api.get(&format!("/v1/studies/{id}/trials")).await;
-    let trials = trials.as_array().unwrap().clone();
-    let search = trials.iter().filter(|t| t["kind"] == "search").count();
-    assert_eq!(search, 6);
-    assert!(trials.iter().all(|t| t["status"] != "running"));
-    // The v1 shapes of a study and a trial (a store schema change must not move them): the
-    // command is one shell-quoted string.
-    assert!(
-        trials.iter().all(|t| t["command"].is_string()),
-        "{trials:?}"
-    );
-    snapshot_json("study-detail", detail.clone());
-    snapshot_json("trial", trials[0].clone());
-    let (code, ct, md) = api.text(&format!("/v1/studies/{id}/report")).await;
-    assert_eq!(code, 200);
-    assert!(ct.starts_with("text/markdown"), "{ct}");
-    assert!(md.contains("Serving Benchmark Result"), "{md}");
-    let (code, rep) = api
-        .get(&format!("/v1/studies/{id}/report?format=json"))
-        .await;
-    assert_eq!(code, 200);
-    assert_eq!(rep["study"]["id"], id.as_str());
-    let (code, _) = api
-        .get(&format!("/v1/studies/{id}/report?format=pdf"))
-        .await;
-    assert_eq!(code, 400);
-    let (_, best) = api.get("/v1/best?model=mock-8b").await;
-    assert_eq!(best["node"], NODE);
-    let cmd = best["command"].as_str().expect("a command for this node");
-    assert!(cmd.contains("max_num_seqs"), "{cmd}");
-    snapshot_json("best", best);
-    let (_, none) = api.get("/v1/best?model=other").await;
-    assert!(none["command"].is_null() && none["best"].as_array().unwrap().is_empty());
-
-    // The metrics agree with the trials.
+/// Asserts that the metrics count the study's `trials` by outcome, the trial durations, the
+/// studies by state and the queue, and match their snapshot (wall-clock durations left out).
+async fn assert_metrics_agree_with(api: &Api, trials: &[Json]) {
     let (code, ct, metrics) = api.text("/metrics").await;
     assert_eq!(code, 200);
     assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
@@ -534,7 +557,6 @@ async fn the_api_answers_its_contract_and_refuses_changes_without_the_token() {
         .map(|l| format!("{l}\n"))
         .collect();
     insta::assert_snapshot!("metrics", stable);
-    h.stop().await.unwrap();
 }
 
 // ---- the queue ----
@@ -566,11 +588,13 @@ async fn one_study_at_a_time_with_cancel_pause_resume_and_a_queue_that_survives_
     // Queued studies: pause one, cancel one; a cancelled one cannot be resumed.
     let (code, j) = api.control(&b, "pause").await;
     assert_eq!((code, j["state"].as_str()), (200, Some("paused")), "{j}");
+    snapshot_json("job-paused", j);
     let (code, _) = api.control(&c, "cancel").await;
     assert_eq!(code, 200);
     let (code, j) = api.control(&c, "resume").await;
     assert_eq!(code, 409, "{j}");
     assert!(j["error"].as_str().unwrap().contains("cancelled"), "{j}");
+    snapshot_json("control-refused", j);
     let (code, _) = api.post(&format!("/v1/studies/{a}/pause"), None, "").await;
     assert_eq!(code, 401);
 
@@ -725,11 +749,11 @@ async fn an_engine_upgrade_triggers_a_warm_retune() {
     h.stop().await.unwrap();
     drop(d);
     let store = Store::open(&store_path).unwrap();
-    let rec: StudyRecord = store.get(records::STUDIES, &second).unwrap().unwrap();
+    let rec: StudyRecord = Records::new(store.clone()).study(&second).unwrap().unwrap();
     assert_eq!(rec.trigger, "engine upgrade: vllm 0.10.1 → 0.11.0");
     assert_eq!(rec.engine_versions["vllm"].as_deref(), Some("0.11.0"));
     assert!(!rec.warm_start.is_empty());
-    let prev: StudyRecord = store.get(records::STUDIES, &first).unwrap().unwrap();
+    let prev: StudyRecord = Records::new(store.clone()).study(&first).unwrap().unwrap();
     let ts = Records::new(store.clone()).trials(&second).unwrap();
     let search: Vec<_> = ts.iter().filter(|t| t.kind == TrialKind::Search).collect();
     // Baseline first, then the previous best configurations, then the optimiser.
@@ -916,14 +940,17 @@ fn sigterm_leaves_no_engine_and_a_sigkilled_daemon_resumes_without_losing_anythi
     let state = dir.path().join("state");
     let kept = {
         let store = Store::open(&state.join("db")).unwrap();
-        let job: Json = store
-            .scan::<Json>("jobs", "")
+        let job = servetune::daemon::queue::Queue::new(store.clone())
+            .all()
             .unwrap()
             .into_iter()
             .next()
-            .unwrap()
-            .1;
-        assert_eq!(job["state"], "running", "{job}");
+            .unwrap();
+        assert_eq!(
+            job.state,
+            servetune::daemon::queue::JobState::Running,
+            "{job:?}"
+        );
         Records::new(store.clone()).trials(&id).unwrap()
     };
 

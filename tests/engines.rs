@@ -4,6 +4,9 @@
 //! `--help` probing against a faked older engine, the store's engine records and the reaper.
 //! No engine may be left behind.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -192,8 +195,11 @@ async fn an_engine_that_lost_the_race_for_its_port_is_started_again_on_another()
     assert!(store.engines().unwrap().is_empty());
 }
 
+/// vLLM's start-up failures (an unknown flag, weights or a KV cache that do not fit, out of
+/// memory while capturing graphs, more GPUs than the node has) are classified by the engine's
+/// own message, which they carry as evidence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn start_up_failures_carry_the_engines_own_evidence() {
+async fn vllm_start_up_failures_carry_the_engines_own_evidence() {
     let vllm = quick(space("vllm"));
     let d = vllm.defaults();
 
@@ -279,7 +285,13 @@ async fn start_up_failures_carry_the_engines_own_evidence() {
         ev.contains("World size (2) is larger than the number of available GPUs (1)"),
         "{ev}"
     );
+}
 
+/// TensorRT-LLM's, SGLang's and llama-server's start-up failures (FP8 without FP8 kernels, too
+/// small a static memory pool, a port taken) are classified by the engine's own message, which
+/// they carry as evidence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trtllm_sglang_and_llama_server_start_up_failures_carry_the_engines_own_evidence() {
     // FP8 on a GPU without FP8 kernels (TensorRT-LLM#4599).
     let trt = quick(space("trtllm"));
     let cfg = common::with(

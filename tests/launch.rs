@@ -1,6 +1,9 @@
 //! The launcher's readiness ladder and failure classes, produced for real with the mock engine
 //! (as a subprocess) and with llama-server when it is installed. No engine may be left behind.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 use std::time::Duration;
 
 use servetune::engine::failure::{FailureClass, Patterns};

@@ -7,6 +7,9 @@
 //!   killed, the interrupted trial runs again, no finished trial is lost.
 //! - Bad study files: errors name the field.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -613,7 +616,7 @@ fn a_study_killed_mid_trial_resumes_without_losing_anything() {
         "{stderr}"
     );
     let store = Store::open(&state.join("db")).unwrap();
-    let rec: StudyRecord = store.get(records::STUDIES, name).unwrap().unwrap();
+    let rec: StudyRecord = Records::new(store.clone()).study(name).unwrap().unwrap();
     assert_eq!(rec.phase, Phase::Done);
     let ts = Records::new(store.clone()).trials(name).unwrap();
     let seqs: Vec<u32> = ts.iter().map(|t| t.seq).collect();
@@ -639,31 +642,30 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
     let store = Store::open(&state.join("db")).unwrap();
     let text = study_text("same", "tpe", "");
     let s = Study::parse(&text, Path::new("a.toml")).unwrap();
-    store
-        .put(
-            records::STUDIES,
-            "same",
-            &StudyRecord {
-                id: "same".into(),
-                spec_text: "something else".into(),
-                created: 0.0,
-                updated: 0.0,
-                phase: Phase::Search,
-                stop_reason: None,
-                trigger: "manual".into(),
-                hardware: String::new(),
-                engine_versions: Default::default(),
-                dropped_flags: vec![],
-                best_trial: None,
-                best_objective: None,
-                outcome: None,
-                warm_start: vec![],
-                log_params: vec![],
-                importance: None,
-                one_at_a_time: None,
-                footprint: None,
-            },
-        )
+    Records::new(store.clone())
+        .put_study(&StudyRecord {
+            id: "same".into(),
+            spec_text: "something else".into(),
+            name: None,
+            model: None,
+            metric: None,
+            created: 0.0,
+            updated: 0.0,
+            phase: Phase::Search,
+            stop_reason: None,
+            trigger: "manual".into(),
+            hardware: String::new(),
+            engine_versions: Default::default(),
+            dropped_flags: vec![],
+            best_trial: None,
+            best_objective: None,
+            outcome: None,
+            warm_start: vec![],
+            log_params: vec![],
+            importance: None,
+            one_at_a_time: None,
+            footprint: None,
+        })
         .unwrap();
     let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
     let machine = Machine {
@@ -843,7 +845,10 @@ async fn the_html_report_marks_the_verdict_and_regressions_and_fits_the_page_in_
     run_report_study(&store).await;
     // A regression on the second workload, and a recommended command with a 600-character
     // argument that has no space to break at.
-    let mut rec: StudyRecord = store.get(records::STUDIES, "sim-report").unwrap().unwrap();
+    let mut rec: StudyRecord = Records::new(store.clone())
+        .study("sim-report")
+        .unwrap()
+        .unwrap();
     let out = rec.outcome.as_mut().expect("finished");
     assert!(
         out.recommended.is_some(),
@@ -856,7 +861,7 @@ async fn the_html_report_marks_the_verdict_and_regressions_and_fits_the_page_in_
     cmd.argv
         .push(format!("{{\"draft\":\"{}\"}}", "x".repeat(600)));
     out.recommended_command = Some(cmd);
-    store.put(records::STUDIES, "sim-report", &rec).unwrap();
+    Records::new(store.clone()).put_study(&rec).unwrap();
 
     let html = servetune::report::render(&store, "sim-report", "html", None).unwrap();
     let probe = r#"<script>

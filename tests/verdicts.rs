@@ -37,6 +37,9 @@
 //!     engine `tests/vllm.rs`'s `a_round_the_machine_fails_for_both_arms_is_set_aside_and_rerun`,
 //!     and `tune`'s `a_cpu_study_of_vllm_without_a_kv_cache_size_is_warned_of_its_memory_at_start`.
 
+// These tests run the mock engine (the `mock` feature, on by default).
+#![cfg(feature = "mock")]
+
 use std::path::{Path, PathBuf};
 
 use servetune::mock::evaluator::{SimEvaluator, SimWorkload};
@@ -46,9 +49,7 @@ use servetune::space::{Config, Space};
 use servetune::store::Store;
 use servetune::telemetry::TelemetrySummary;
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
-use servetune::tune::records::{
-    self, BestRecord, Phase, Records, TrialKind, TrialRecord, TrialStatus, BEST,
-};
+use servetune::tune::records::{BestRecord, Phase, Records, TrialKind, TrialRecord, TrialStatus};
 use servetune::tune::spec::Study;
 use servetune::tune::study::Runner;
 use servetune::tune::TuneError;
@@ -650,9 +651,7 @@ async fn a_trial_that_kills_servetune_three_times_is_recorded_as_failed() {
     }))
     .unwrap();
     t0.stopped = 0;
-    store
-        .put(records::TRIALS, &records::trial_key(&rec.id, 0), &t0)
-        .unwrap();
+    Records::new(store.clone()).put_trial(&t0).unwrap();
     let rec = r.run().await.unwrap();
     assert_eq!(rec.phase, Phase::Done);
     let ts = Records::new(store.clone()).trials("oom").unwrap();
@@ -686,7 +685,7 @@ async fn min_trials_zero_and_a_paused_study_do_not_cut_the_search_short() {
     let mut r = runner(&store, &t, none());
     let mut rec = r.open().unwrap();
     rec.created -= 10.0 * 86400.0;
-    store.put(records::STUDIES, &rec.id, &rec).unwrap();
+    Records::new(store.clone()).put_study(&rec).unwrap();
     let rec = r.run().await.unwrap();
     let ts = Records::new(store.clone()).trials("floor").unwrap();
     let n = search(&ts).len() as u32;
@@ -730,10 +729,10 @@ async fn a_retune_with_no_significant_gain_keeps_the_proven_best() {
         improved: true,
         at: 1.0,
     };
-    store.put(BEST, &key, &proven).unwrap();
+    Records::new(store.clone()).put_best(&proven).unwrap();
     let rec = r.run().await.unwrap();
     assert_eq!(rec.outcome.unwrap().recommended, None);
-    let now: BestRecord = store.get(BEST, &key).unwrap().unwrap();
+    let now: BestRecord = Records::new(store.clone()).best(&key).unwrap().unwrap();
     assert_eq!(now, proven, "the defaults overwrote the proven best");
 }
 

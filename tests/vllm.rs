@@ -161,6 +161,7 @@ fn help_default(help: &str, flag: &str) -> Option<String> {
 /// a random-dataset benchmark runs with no vocabulary flag (the served model's tokenizer is
 /// found through /v1/models), the metric names of the space and of the mock's vLLM profile
 /// are all on the real /metrics page, and nothing is left behind.
+#[cfg(feature = "mock")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_vllm_launches_benchmarks_and_exposes_the_spaces_metrics() {
     let Some(p) = paths() else { return };
@@ -253,6 +254,7 @@ async fn real_vllm_launches_benchmarks_and_exposes_the_spaces_metrics() {
 /// Failure classes provoked on the real engine, each proved by vLLM's own log line; where the
 /// mock's vLLM profile can make the same mistake it must die with the same class and the same
 /// message.
+#[cfg(feature = "mock")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_vllm_failures_are_classified_and_the_mock_says_the_same() {
     let Some(p) = paths() else { return };

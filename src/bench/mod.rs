@@ -140,45 +140,14 @@ pub async fn run(plan: BenchPlan) -> Result<BenchOutcome, BenchError> {
 /// `run`'s body, on the load generator's own thread.
 async fn run_here(plan: BenchPlan, abort: Arc<AbortSignal>) -> Result<BenchOutcome, BenchError> {
     let shape = &plan.shape;
-    if shape.closed_loop && shape.max_concurrency.is_none() {
-        return Err(BenchError::Config(
-            "--closed-loop needs --max-concurrency (the number of workers)".into(),
-        ));
-    }
-    if shape.closed_loop && shape.request_rate.is_finite() {
-        return Err(BenchError::Config(
-            "--closed-loop sends as fast as the workers finish; --request-rate must be inf".into(),
-        ));
-    }
+    check_shape(shape)?;
     let conc = shape.max_concurrency.unwrap_or(plan.requests.len().max(1));
     let max_concurrency = shape.max_concurrency;
     let http = client::http_client(conc)?;
     let tpl = Arc::new(plan.template.clone());
     let sem = shape.max_concurrency.map(|c| Arc::new(Semaphore::new(c)));
 
-    // Warm-up: copies of the first prompt, sent at once under the same concurrency limit.
-    let mut warm_records = Vec::new();
-    if shape.num_warmups > 0 && !plan.requests.is_empty() {
-        let first = &plan.requests[0];
-        let mut tasks = Vec::new();
-        for _ in 0..shape.num_warmups {
-            let (http, tpl, abort, sem) = (http.clone(), tpl.clone(), abort.clone(), sem.clone());
-            let body = tpl.body(&first.prompt, first.expected_output_len);
-            tasks.push(tokio::spawn(async move {
-                let _permit = match &sem {
-                    Some(s) => Some(s.clone().acquire_owned().await.expect("never closed")),
-                    None => None,
-                };
-                client::send_request(&http, &tpl, body, Instant::now(), &abort).await
-            }));
-        }
-        for t in tasks {
-            if let Ok(mut r) = t.await {
-                r.warmup = true;
-                warm_records.push(r);
-            }
-        }
-    }
+    let mut warm_records = warm_up(&plan, &http, &tpl, &abort, sem.as_ref()).await;
 
     let total = plan.requests.len();
     let counters = Arc::new(progress::Counters::default());
@@ -188,7 +157,7 @@ async fn run_here(plan: BenchPlan, abort: Arc<AbortSignal>) -> Result<BenchOutco
         plan.label.clone(),
         plan.progress,
     );
-    let (tx, mut rx) = mpsc::unbounded_channel::<RequestRecord>();
+    let (tx, rx) = mpsc::unbounded_channel::<RequestRecord>();
     let bodies: Arc<Vec<(Vec<u8>, u64, u64)>> = Arc::new(
         plan.requests
             .iter()
@@ -205,140 +174,21 @@ async fn run_here(plan: BenchPlan, abort: Arc<AbortSignal>) -> Result<BenchOutco
     let cpu0 = crate::util::process_cpu_seconds();
     let start = Instant::now();
 
-    let dispatcher = {
-        let (http, tpl, abort, sem, bodies, sent) = (
-            http.clone(),
-            tpl.clone(),
-            abort.clone(),
-            sem.clone(),
-            bodies.clone(),
-            sent.clone(),
-        );
-        let shape = shape.clone();
-        tokio::spawn(async move {
-            let abort_for_one = abort.clone();
-            // `dispatched_s`: when the request was released by the arrival process; the time
-            // until it was actually sent is its client-side queueing (vLLM's queue_times).
-            let one = move |i: usize, dispatched_s: f64| {
-                let (http, tpl, abort, bodies) = (
-                    http.clone(),
-                    tpl.clone(),
-                    abort_for_one.clone(),
-                    bodies.clone(),
-                );
-                async move {
-                    let (body, prompt_len, out_len) = bodies[i].clone();
-                    let mut r = client::send_request(&http, &tpl, body, start, &abort).await;
-                    r.queue_s = (r.start_s - dispatched_s).max(0.0);
-                    r.index = i;
-                    r.prompt_len = prompt_len;
-                    r.expected_output_len = out_len;
-                    r
-                }
-            };
-            let mut handles = Vec::new();
-            if shape.closed_loop {
-                let next = Arc::new(AtomicUsize::new(0));
-                for _ in 0..shape.max_concurrency.unwrap_or(1) {
-                    let (next, tx, abort, one, sent) = (
-                        next.clone(),
-                        tx.clone(),
-                        abort.clone(),
-                        one.clone(),
-                        sent.clone(),
-                    );
-                    handles.push(tokio::spawn(async move {
-                        loop {
-                            let i = next.fetch_add(1, Ordering::SeqCst);
-                            if i >= total || abort.is_aborted() {
-                                break;
-                            }
-                            sent.fetch_add(1, Ordering::SeqCst);
-                            let now = start.elapsed().as_secs_f64();
-                            let _ = tx.send(one(i, now).await);
-                        }
-                    }));
-                }
-            } else {
-                let times =
-                    arrival::schedule(total, shape.request_rate, shape.burstiness, shape.seed);
-                for (i, at) in times.into_iter().enumerate() {
-                    if at > 0.0 {
-                        let when = start
-                            + std::time::Duration::try_from_secs_f64(at)
-                                .unwrap_or(std::time::Duration::from_secs(u32::MAX as u64));
-                        tokio::select! {
-                            _ = tokio::time::sleep_until(when.into()) => {}
-                            _ = abort.wait() => {}
-                        }
-                    }
-                    if abort.is_aborted() {
-                        break;
-                    }
-                    sent.fetch_add(1, Ordering::SeqCst);
-                    let (tx, sem, abort, one) =
-                        (tx.clone(), sem.clone(), abort.clone(), one.clone());
-                    let dispatched_s = start.elapsed().as_secs_f64();
-                    handles.push(tokio::spawn(async move {
-                        let permit = match &sem {
-                            Some(s) => tokio::select! {
-                                p = s.clone().acquire_owned() => Some(p.expect("never closed")),
-                                _ = abort.wait() => None,
-                            },
-                            None => None,
-                        };
-                        if abort.is_aborted() && sem.is_some() && permit.is_none() {
-                            // Aborted while queued: never sent.
-                            let mut r = RequestRecord {
-                                index: i,
-                                failure: Some(FailureKind::Aborted),
-                                error: "run aborted before the request was sent".into(),
-                                ..Default::default()
-                            };
-                            r.start_s = start.elapsed().as_secs_f64();
-                            let _ = tx.send(r);
-                            return;
-                        }
-                        let r = one(i, dispatched_s).await;
-                        drop(permit);
-                        let _ = tx.send(r);
-                    }));
-                }
-            }
-            drop(tx);
-            for h in handles {
-                let _ = h.await;
-            }
-        })
+    let dispatch = Dispatch {
+        http: http.clone(),
+        tpl: tpl.clone(),
+        abort: abort.clone(),
+        bodies,
+        start,
     };
+    let dispatcher = spawn_dispatcher(dispatch, shape.clone(), sem, sent.clone(), tx);
 
     // Collector: progress counters and the early-abort policy, record by record.
-    let mut monitor = plan
+    let monitor = plan
         .abort
         .is_active()
         .then(|| AbortMonitor::with_concurrency(plan.abort.clone(), total, max_concurrency));
-    let mut records: Vec<RequestRecord> = Vec::with_capacity(total);
-    let mut aborted: Option<String> = None;
-    while let Some(r) = rx.recv().await {
-        counters.done.fetch_add(1, Ordering::Relaxed);
-        if !r.success {
-            counters.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        counters.output_tokens.fetch_add(
-            r.server_output_tokens.unwrap_or(r.itl_s.len() as u64 + 1),
-            Ordering::Relaxed,
-        );
-        if aborted.is_none() {
-            if let Some(m) = monitor.as_mut() {
-                if let Some(why) = m.observe(&r) {
-                    tracing::warn!("aborting the run: {why}");
-                    aborted = Some(why);
-                    abort.abort();
-                }
-            }
-        }
-        records.push(r);
-    }
+    let (mut records, aborted) = collect(rx, &counters, monitor, &abort, total).await;
     if let Err(e) = dispatcher.await {
         return Err(BenchError::Internal(format!(
             "the request dispatcher failed: {e}"
@@ -366,17 +216,7 @@ async fn run_here(plan: BenchPlan, abort: Arc<AbortSignal>) -> Result<BenchOutco
         }
     }
     records.sort_by_key(|r| r.index);
-    let measured: Vec<RequestRecord> = records
-        .iter()
-        .filter(|r| r.failure != Some(FailureKind::Aborted))
-        .cloned()
-        .collect();
-    let summary = metrics::summarize(&measured, duration, &plan.summary);
-    let events = measured
-        .iter()
-        .filter(|r| r.success)
-        .map(|r| r.itl_s.len() as u64 + 1)
-        .sum();
+    let (summary, events) = summarize_measured(&records, duration, &plan.summary);
     warm_records.extend(records);
     Ok(BenchOutcome {
         records: warm_records,
@@ -386,6 +226,260 @@ async fn run_here(plan: BenchPlan, abort: Arc<AbortSignal>) -> Result<BenchOutco
         client_cpu_s,
         events,
     })
+}
+
+/// Refuses load shapes that cannot run: a closed loop needs a number of workers and an
+/// unlimited request rate.
+fn check_shape(shape: &LoadShape) -> Result<(), BenchError> {
+    if shape.closed_loop && shape.max_concurrency.is_none() {
+        return Err(BenchError::Config(
+            "--closed-loop needs --max-concurrency (the number of workers)".into(),
+        ));
+    }
+    if shape.closed_loop && shape.request_rate.is_finite() {
+        return Err(BenchError::Config(
+            "--closed-loop sends as fast as the workers finish; --request-rate must be inf".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Sends the warm-up requests and returns their records, marked as warm-ups.
+///
+/// The warm-ups are copies of the first prompt, sent at once under the same concurrency limit.
+/// There are none when the plan asks for none or has no requests.
+async fn warm_up(
+    plan: &BenchPlan,
+    http: &client::Clients,
+    tpl: &Arc<RequestTemplate>,
+    abort: &Arc<AbortSignal>,
+    sem: Option<&Arc<Semaphore>>,
+) -> Vec<RequestRecord> {
+    let mut warm_records = Vec::new();
+    if plan.shape.num_warmups > 0 && !plan.requests.is_empty() {
+        let first = &plan.requests[0];
+        let mut tasks = Vec::new();
+        for _ in 0..plan.shape.num_warmups {
+            let (http, tpl, abort, sem) = (http.clone(), tpl.clone(), abort.clone(), sem.cloned());
+            let body = tpl.body(&first.prompt, first.expected_output_len);
+            tasks.push(tokio::spawn(async move {
+                let _permit = match &sem {
+                    Some(s) => Some(s.clone().acquire_owned().await.expect("never closed")),
+                    None => None,
+                };
+                client::send_request(&http, &tpl, body, Instant::now(), &abort).await
+            }));
+        }
+        for t in tasks {
+            if let Ok(mut r) = t.await {
+                r.warmup = true;
+                warm_records.push(r);
+            }
+        }
+    }
+    warm_records
+}
+
+/// What sending one measured request needs: the clients, the template, every request's
+/// prepared body with its prompt and expected output lengths, the run's abort signal and the
+/// instant the measured window started.
+#[derive(Clone)]
+struct Dispatch {
+    http: client::Clients,
+    tpl: Arc<RequestTemplate>,
+    abort: Arc<AbortSignal>,
+    bodies: Arc<Vec<(Vec<u8>, u64, u64)>>,
+    start: Instant,
+}
+
+impl Dispatch {
+    /// Sends request `i` and completes its record with its index, lengths and queueing time.
+    ///
+    /// `dispatched_s` is when the request was released by the arrival process; the time until
+    /// it was actually sent is its client-side queueing (vLLM's queue_times).
+    async fn send(&self, i: usize, dispatched_s: f64) -> RequestRecord {
+        let (body, prompt_len, out_len) = self.bodies[i].clone();
+        let mut r =
+            client::send_request(&self.http, &self.tpl, body, self.start, &self.abort).await;
+        r.queue_s = (r.start_s - dispatched_s).max(0.0);
+        r.index = i;
+        r.prompt_len = prompt_len;
+        r.expected_output_len = out_len;
+        r
+    }
+}
+
+/// Starts the task that releases the measured requests, in a closed loop or on the arrival
+/// schedule, and waits for all of them; every record goes to `tx`.
+fn spawn_dispatcher(
+    dispatch: Dispatch,
+    shape: LoadShape,
+    sem: Option<Arc<Semaphore>>,
+    sent: Arc<AtomicUsize>,
+    tx: mpsc::UnboundedSender<RequestRecord>,
+) -> tokio::task::JoinHandle<()> {
+    let total = dispatch.bodies.len();
+    tokio::spawn(async move {
+        // Both helpers drop their `tx` before returning, so the collector ends once the
+        // requests' tasks are done.
+        let handles = if shape.closed_loop {
+            closed_loop(
+                dispatch,
+                shape.max_concurrency.unwrap_or(1),
+                total,
+                sent,
+                tx,
+            )
+        } else {
+            let times = arrival::schedule(total, shape.request_rate, shape.burstiness, shape.seed);
+            open_loop(dispatch, times, sem, sent, tx).await
+        };
+        for h in handles {
+            let _ = h.await;
+        }
+    })
+}
+
+/// Starts `workers` tasks that each send their next request as soon as the previous one
+/// finished, until all `total` are sent or the run is aborted.
+fn closed_loop(
+    dispatch: Dispatch,
+    workers: usize,
+    total: usize,
+    sent: Arc<AtomicUsize>,
+    tx: mpsc::UnboundedSender<RequestRecord>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut handles = Vec::new();
+    let next = Arc::new(AtomicUsize::new(0));
+    for _ in 0..workers {
+        let (next, tx, one, sent) = (next.clone(), tx.clone(), dispatch.clone(), sent.clone());
+        handles.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= total || one.abort.is_aborted() {
+                    break;
+                }
+                sent.fetch_add(1, Ordering::SeqCst);
+                let now = one.start.elapsed().as_secs_f64();
+                let _ = tx.send(one.send(i, now).await);
+            }
+        }));
+    }
+    handles
+}
+
+/// Releases request `i` at `times[i]` seconds after the start, each in a task of its own that
+/// waits for a concurrency permit first, until all are released or the run is aborted.
+///
+/// A request aborted while it waited for its permit is recorded as never sent.
+async fn open_loop(
+    dispatch: Dispatch,
+    times: Vec<f64>,
+    sem: Option<Arc<Semaphore>>,
+    sent: Arc<AtomicUsize>,
+    tx: mpsc::UnboundedSender<RequestRecord>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut handles = Vec::new();
+    let (abort, start) = (dispatch.abort.clone(), dispatch.start);
+    for (i, at) in times.into_iter().enumerate() {
+        if at > 0.0 {
+            let when = start
+                + std::time::Duration::try_from_secs_f64(at)
+                    .unwrap_or(std::time::Duration::from_secs(u32::MAX as u64));
+            tokio::select! {
+                _ = tokio::time::sleep_until(when.into()) => {}
+                _ = abort.wait() => {}
+            }
+        }
+        if abort.is_aborted() {
+            break;
+        }
+        sent.fetch_add(1, Ordering::SeqCst);
+        let (tx, sem, abort, one) = (tx.clone(), sem.clone(), abort.clone(), dispatch.clone());
+        let dispatched_s = start.elapsed().as_secs_f64();
+        handles.push(tokio::spawn(async move {
+            let permit = match &sem {
+                Some(s) => tokio::select! {
+                    p = s.clone().acquire_owned() => Some(p.expect("never closed")),
+                    _ = abort.wait() => None,
+                },
+                None => None,
+            };
+            if abort.is_aborted() && sem.is_some() && permit.is_none() {
+                // Aborted while queued: never sent.
+                let mut r = RequestRecord {
+                    index: i,
+                    failure: Some(FailureKind::Aborted),
+                    error: "run aborted before the request was sent".into(),
+                    ..Default::default()
+                };
+                r.start_s = start.elapsed().as_secs_f64();
+                let _ = tx.send(r);
+                return;
+            }
+            let r = one.send(i, dispatched_s).await;
+            drop(permit);
+            let _ = tx.send(r);
+        }));
+    }
+    handles
+}
+
+/// Receives the records until every sender is gone, counting them for the progress bar and
+/// feeding the early-abort policy; the first reason to abort aborts the run.
+///
+/// Returns the records in the order they finished and the reason the run was aborted, if any.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<RequestRecord>,
+    counters: &progress::Counters,
+    mut monitor: Option<AbortMonitor>,
+    abort: &AbortSignal,
+    total: usize,
+) -> (Vec<RequestRecord>, Option<String>) {
+    let mut records: Vec<RequestRecord> = Vec::with_capacity(total);
+    let mut aborted: Option<String> = None;
+    while let Some(r) = rx.recv().await {
+        counters.done.fetch_add(1, Ordering::Relaxed);
+        if !r.success {
+            counters.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        counters.output_tokens.fetch_add(
+            r.server_output_tokens.unwrap_or(r.itl_s.len() as u64 + 1),
+            Ordering::Relaxed,
+        );
+        if aborted.is_none() {
+            if let Some(m) = monitor.as_mut() {
+                if let Some(why) = m.observe(&r) {
+                    tracing::warn!("aborting the run: {why}");
+                    aborted = Some(why);
+                    abort.abort();
+                }
+            }
+        }
+        records.push(r);
+    }
+    (records, aborted)
+}
+
+/// Summarizes the records that are measurements (all but the aborted ones) over `duration`
+/// seconds, and counts the events with `choices` their successful requests received.
+fn summarize_measured(
+    records: &[RequestRecord],
+    duration: f64,
+    config: &SummaryConfig,
+) -> (Summary, u64) {
+    let measured: Vec<RequestRecord> = records
+        .iter()
+        .filter(|r| r.failure != Some(FailureKind::Aborted))
+        .cloned()
+        .collect();
+    let summary = metrics::summarize(&measured, duration, config);
+    let events = measured
+        .iter()
+        .filter(|r| r.success)
+        .map(|r| r.itl_s.len() as u64 + 1)
+        .sum();
+    (summary, events)
 }
 
 /// vLLM: when the server sent no `usage.completion_tokens`, count the generated text with the

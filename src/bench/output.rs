@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde_json::{json, Map, Value};
 
 use super::metrics::{Metric, Summary};
+use super::record::RequestRecord;
 use super::BenchOutcome;
 
 /// Settings echoed in the block and the JSON.
@@ -226,6 +227,16 @@ fn python_float(x: f64) -> String {
 pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Value {
     let s = &outcome.summary;
     let mut m = Map::new();
+    insert_settings_and_totals(&mut m, info, s);
+    let measured: Vec<_> = outcome.records.iter().filter(|r| !r.warmup).collect();
+    insert_per_request(&mut m, &measured, detailed);
+    insert_peaks_and_percentiles(&mut m, info, s);
+    m.insert("servetune".into(), servetune_json(outcome, detailed));
+    Value::Object(m)
+}
+
+/// Inserts vLLM's first keys: the run's settings, then its totals and throughputs.
+fn insert_settings_and_totals(m: &mut Map<String, Value>, info: &RunInfo, s: &Summary) {
     m.insert("date".into(), json!(info.date));
     m.insert("endpoint_type".into(), json!(info.backend));
     m.insert("backend".into(), json!(info.backend));
@@ -248,7 +259,11 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
         "total_token_throughput".into(),
         json!(s.total_token_throughput),
     );
-    let measured: Vec<_> = outcome.records.iter().filter(|r| !r.warmup).collect();
+}
+
+/// Inserts vLLM's per-request arrays of the measured requests (the warm-ups left out); the
+/// input and output lengths, TTFTs, ITLs, start times, texts and errors only when `detailed`.
+fn insert_per_request(m: &mut Map<String, Value>, measured: &[&RequestRecord], detailed: bool) {
     if detailed {
         m.insert(
             "input_lens".into(),
@@ -312,6 +327,11 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
             json!(measured.iter().map(|r| r.error.clone()).collect::<Vec<_>>()),
         );
     }
+}
+
+/// Inserts the peak output rate and concurrency, vLLM's `rtfx`, and the mean, median, standard
+/// deviation and percentiles of each metric asked for.
+fn insert_peaks_and_percentiles(m: &mut Map<String, Value>, info: &RunInfo, s: &Summary) {
     m.insert(
         "max_output_tokens_per_s".into(),
         json!(s.max_output_tokens_per_s),
@@ -334,6 +354,11 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
             m.insert(format!("p{}_{k}_ms", p_word(*p)), json!(v));
         }
     }
+}
+
+/// The `servetune` object: our additions to vLLM's keys, with every record when `detailed`.
+fn servetune_json(outcome: &BenchOutcome, detailed: bool) -> Value {
+    let s = &outcome.summary;
     let failed_by: Map<String, Value> = s
         .failed_by_reason
         .iter()
@@ -354,8 +379,7 @@ pub fn result_json(outcome: &BenchOutcome, info: &RunInfo, detailed: bool) -> Va
     if detailed {
         ours["records"] = json!(outcome.records);
     }
-    m.insert("servetune".into(), ours);
-    Value::Object(m)
+    ours
 }
 
 #[cfg(test)]

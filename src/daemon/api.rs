@@ -29,6 +29,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 
 use super::{page, views, Backend, Daemon, DaemonError};
+use crate::api::{BestAnswerV1, JobV1, StatusV1, StudyDetailV1};
 use crate::tune::spec::Study;
 
 /// An error answer: a status and a JSON body naming what is wrong.
@@ -117,7 +118,7 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "ok": true }))
 }
 
-async fn status<B: Backend>(State(d): St<B>) -> ApiResult<Json<views::Status>> {
+async fn status<B: Backend>(State(d): St<B>) -> ApiResult<Json<StatusV1>> {
     Ok(Json(views::status(&d)?))
 }
 
@@ -134,7 +135,7 @@ async fn studies<B: Backend>(State(d): St<B>) -> ApiResult<Response> {
 async fn study<B: Backend>(
     State(d): St<B>,
     id: Result<Path<String>, PathRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<StudyDetailV1>> {
     let Path(id) = id.map_err(path_error)?;
     Ok(Json(views::study_detail(&d, &id)?))
 }
@@ -187,18 +188,15 @@ struct BestQuery {
 async fn best<B: Backend>(
     State(d): St<B>,
     q: Result<Query<BestQuery>, QueryRejection>,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<BestAnswerV1>> {
     let Query(q) = q.map_err(query_error)?;
     Ok(Json(views::best(&d, q.model.as_deref())?))
 }
 
 async fn metrics<B: Backend>(State(d): St<B>) -> ApiResult<Response> {
     Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        views::metrics(&d)?,
+        [(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)],
+        super::metrics::render(&d)?,
     )
         .into_response())
 }
@@ -235,7 +233,7 @@ async fn submit<B: Backend>(
     State(d): St<B>,
     headers: HeaderMap,
     body: axum::body::Body,
-) -> ApiResult<(StatusCode, Json<super::queue::Job>)> {
+) -> ApiResult<(StatusCode, Json<JobV1>)> {
     // The token first: an anonymous client never makes the daemon buffer a body.
     authorize(&d, &headers)?;
     let body = axum::body::to_bytes(body, d.cfg.max_body_bytes)
@@ -278,20 +276,14 @@ async fn submit<B: Backend>(
         ));
     }
     let job = d.submit(&study, spec_path, "submitted", warm)?;
-    Ok((StatusCode::CREATED, Json(redact(job))))
-}
-
-/// A job as answered: without the study file's text (`GET /v1/studies/{id}` has the record).
-fn redact(mut j: super::queue::Job) -> super::queue::Job {
-    j.spec_text.clear();
-    j
+    Ok((StatusCode::CREATED, Json(JobV1::from(job))))
 }
 
 async fn control<B: Backend>(
     State(d): St<B>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
-) -> ApiResult<Json<super::queue::Job>> {
+) -> ApiResult<Json<JobV1>> {
     authorize(&d, &headers)?;
     let Path((id, action)) = path.map_err(path_error)?;
     let job = match action.as_str() {
@@ -305,5 +297,5 @@ async fn control<B: Backend>(
             ))
         }
     };
-    Ok(Json(redact(job)))
+    Ok(Json(JobV1::from(job)))
 }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use super::queue::{Job, JobState, Queue};
 use super::scheduler::rfc3339;
-use super::views::{QueueItem, StudyView};
 use super::DaemonError;
+use crate::api::{ListedStudyV1, QueueItemV1};
 use crate::space::CommandLine;
 use crate::tune::records::{latest_by_name, Records, StudyHeading, StudyRecord, StudySummary};
 
@@ -36,11 +36,11 @@ pub struct Catalog {
     /// Each daemon run's queue entry by study id (without its study file's text).
     pub jobs: HashMap<String, Job>,
     /// Every study: the daemon's runs in queue order, then studies run by `servetune tune`.
-    pub studies: Vec<StudyView>,
+    pub studies: Vec<ListedStudyV1>,
     /// `studies` as `GET /v1/studies` answers it (cloning it shares the bytes).
     pub studies_json: bytes::Bytes,
     /// Queued and paused studies, in the order they would run.
-    pub waiting: Vec<QueueItem>,
+    pub waiting: Vec<QueueItemV1>,
     /// How many daemon runs are in each queue state.
     pub jobs_by_state: Vec<(JobState, usize)>,
     /// Every study's summary, merged.
@@ -54,13 +54,13 @@ pub(super) fn view(
     rec: Option<&StudyRecord>,
     heading: Option<&StudyHeading>,
     summary: &StudySummary,
-) -> StudyView {
+) -> ListedStudyV1 {
     let id = job
         .map(|j| j.study.clone())
         .or_else(|| rec.map(|r| r.id.clone()))
         .unwrap_or_default();
     let o = rec.and_then(|r| r.outcome.as_ref());
-    StudyView {
+    ListedStudyV1 {
         id,
         name: job
             .map(|j| j.name.clone())
@@ -135,9 +135,9 @@ impl Catalog {
         let waiting = jobs
             .iter()
             .filter(|j| matches!(j.state, JobState::Queued | JobState::Paused))
-            .map(|j| QueueItem {
+            .map(|j| QueueItemV1 {
                 study: j.study.clone(),
-                state: j.state,
+                state: j.state.v1(),
                 trigger: j.trigger.clone(),
                 submitted: rfc3339(j.submitted),
             })

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 
-use super::views::{Status, StudyView};
+use crate::api::{ListedStudyV1, StatusV1};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ClientArgs {
@@ -67,13 +67,13 @@ pub async fn status(a: &ClientArgs) -> anyhow::Result<String> {
     if a.json {
         return Ok(body + "\n");
     }
-    let s: Status = serde_json::from_str(&body).context("the daemon's status")?;
+    let s: StatusV1 = serde_json::from_str(&body).context("the daemon's status")?;
     Ok(status_text(&s))
 }
 
-pub fn status_text(s: &Status) -> String {
+pub fn status_text(s: &StatusV1) -> String {
     let mut o = String::new();
-    let _ = writeln!(o, "servetune {} on {}: {}", s.version, s.node, s.phase);
+    let _ = writeln!(o, "servetune {} on {}: {}", s.version, s.node, s.activity);
     match &s.current {
         Some(c) => {
             let _ = writeln!(
@@ -144,7 +144,7 @@ pub async fn studies(a: &ClientArgs) -> anyhow::Result<String> {
     if a.json {
         return Ok(body + "\n");
     }
-    let list: Vec<StudyView> = serde_json::from_str(&body).context("the daemon's studies")?;
+    let list: Vec<ListedStudyV1> = serde_json::from_str(&body).context("the daemon's studies")?;
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -183,7 +183,7 @@ pub async fn submit(a: &ClientArgs, file: &Path, cold: bool) -> anyhow::Result<S
     if a.json {
         return Ok(answer + "\n");
     }
-    let job: super::queue::Job = serde_json::from_str(&answer).context("the daemon's answer")?;
+    let job: crate::api::JobV1 = serde_json::from_str(&answer).context("the daemon's answer")?;
     Ok(format!(
         "queued study {} (follow it with `servetune status`)\n",
         job.study
@@ -199,8 +199,8 @@ pub async fn control(a: &ClientArgs, study: &str, action: &str) -> anyhow::Resul
     if a.json {
         return Ok(answer + "\n");
     }
-    let job: super::queue::Job = serde_json::from_str(&answer).context("the daemon's answer")?;
-    Ok(if job.state == super::queue::JobState::Running {
+    let job: crate::api::JobV1 = serde_json::from_str(&answer).context("the daemon's answer")?;
+    Ok(if job.state == crate::api::JobStateV1::Running {
         format!(
             "study {}: {action} requested; the engine is being torn down\n",
             job.study

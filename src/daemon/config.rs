@@ -131,38 +131,15 @@ impl DaemonConfig {
             .map_err(|e| DaemonError::Config(format!("{}: {e}", path.display())))?;
         let d = raw.daemon;
         let base = path.parent().unwrap_or(Path::new("."));
-        let anchor = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        let anchor = |p: PathBuf| anchored(base, p);
 
-        let listen_text = d.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
-        let listen: SocketAddr = listen_text.parse().map_err(|_| {
-            bad(
-                path,
-                "daemon.listen",
-                format!("{listen_text:?} is not an IP:PORT address (e.g. \"127.0.0.1:7878\")"),
-            )
-        })?;
+        let listen = parse_listen(path, d.listen.as_deref())?;
 
         let state_dir = anchor(
             d.state_dir
                 .unwrap_or_else(|| PathBuf::from("/var/lib/servetune")),
         );
-        std::fs::create_dir_all(&state_dir).map_err(|e| {
-            bad(
-                path,
-                "daemon.state_dir",
-                format!("{}: {e}", state_dir.display()),
-            )
-        })?;
-        let probe = state_dir.join(".servetune-write-check");
-        std::fs::write(&probe, b"")
-            .and_then(|_| std::fs::remove_file(&probe))
-            .map_err(|e| {
-                bad(
-                    path,
-                    "daemon.state_dir",
-                    format!("{} is not writable: {e}", state_dir.display()),
-                )
-            })?;
+        check_state_dir(path, &state_dir)?;
 
         let token_file_given = d.token_file.is_some();
         let token_file = d
@@ -173,96 +150,16 @@ impl DaemonConfig {
             read_token(&token_file).map_err(|m| bad(path, "daemon.token_file", m))?;
         }
 
-        let sched_text = d.schedule.as_deref().unwrap_or(DEFAULT_SCHEDULE);
-        let tz = d.schedule_tz.as_deref().unwrap_or("UTC");
-        let schedule = Schedule::parse(sched_text, tz).map_err(|e| match e {
-            CronError::TimeZone(_) => bad(path, "daemon.schedule_tz", e),
-            CronError::Expression { .. } => bad(path, "daemon.schedule", e),
-        })?;
-        if schedule
-            .next_after(crate::util::unix_now() as i64)
-            .is_none()
-        {
-            return Err(bad(
-                path,
-                "daemon.schedule",
-                format!("{sched_text:?} never fires (no such date in the coming year or more)"),
-            ));
-        }
-
-        let probe_interval_s = d.probe_interval_s.unwrap_or(3600.0);
-        if !(probe_interval_s.is_finite() && probe_interval_s >= 10.0) {
-            return Err(bad(
-                path,
-                "daemon.probe_interval_s",
-                format!("{probe_interval_s} must be at least 10 seconds"),
-            ));
-        }
-        let max_body_bytes = d.max_body_bytes.unwrap_or(256 * 1024);
-        if !(1024..=64 * 1024 * 1024).contains(&max_body_bytes) {
-            return Err(bad(
-                path,
-                "daemon.max_body_bytes",
-                format!("{max_body_bytes} must be between 1024 and 67108864"),
-            ));
-        }
-        let stop_timeout_s = d.stop_timeout_s.unwrap_or(90.0);
-        if !(stop_timeout_s.is_finite() && (1.0..=3600.0).contains(&stop_timeout_s)) {
-            return Err(bad(
-                path,
-                "daemon.stop_timeout_s",
-                format!("{stop_timeout_s} must be between 1 and 3600 seconds"),
-            ));
-        }
-        let warm_top = d.warm_top.unwrap_or(3);
-        if warm_top > 20 {
-            return Err(bad(
-                path,
-                "daemon.warm_top",
-                format!("{warm_top} must be at most 20"),
-            ));
-        }
-
-        let search_spaces = match d.search_spaces.map(anchor) {
-            Some(dir) => {
-                if crate::space::Space::available(&dir).is_empty() {
-                    return Err(bad(
-                        path,
-                        "daemon.search_spaces",
-                        format!("{} holds no search-space files (*.toml)", dir.display()),
-                    ));
-                }
-                Some(dir)
-            }
-            None => Some(base.join("search-spaces")).filter(|d| d.is_dir()),
-        };
-
-        let mut studies = Vec::new();
-        let mut names = BTreeSet::new();
-        for (i, s) in raw.study.into_iter().enumerate() {
-            let file = anchor(s.file);
-            let field = format!("study[{i}].file");
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| bad(path, &field, format!("cannot read {}: {e}", file.display())))?;
-            let study = Study::parse_in(&text, &file, search_spaces.as_deref())
-                .map_err(|e| bad(path, &field, chain(&e)))?;
-            if !names.insert(study.id().to_owned()) {
-                return Err(bad(
-                    path,
-                    &field,
-                    format!(
-                        "a second study named {:?}; study names must be unique",
-                        study.id()
-                    ),
-                ));
-            }
-            studies.push(KeptStudy {
-                file,
-                study,
-                nightly: s.nightly,
-                on_upgrade: s.on_upgrade,
-            });
-        }
+        let schedule = parse_schedule(path, d.schedule.as_deref(), d.schedule_tz.as_deref())?;
+        let limits = Limits::check(
+            path,
+            d.probe_interval_s,
+            d.max_body_bytes,
+            d.stop_timeout_s,
+            d.warm_top,
+        )?;
+        let search_spaces = search_spaces_dir(path, base, d.search_spaces.map(anchor))?;
+        let studies = kept_studies(path, base, raw.study, search_spaces.as_deref())?;
         Ok(DaemonConfig {
             path: path.to_owned(),
             listen,
@@ -270,11 +167,11 @@ impl DaemonConfig {
             token_file_given,
             state_dir,
             schedule,
-            probe_interval_s,
-            max_body_bytes,
-            stop_timeout_s,
+            probe_interval_s: limits.probe_interval_s,
+            max_body_bytes: limits.max_body_bytes,
+            stop_timeout_s: limits.stop_timeout_s,
             tune_on_start: d.tune_on_start.unwrap_or(true),
-            warm_top,
+            warm_top: limits.warm_top,
             search_spaces,
             studies,
         })
@@ -299,6 +196,194 @@ impl DaemonConfig {
         }
         read_token(&self.token_file).map_err(|m| bad(&self.path, "daemon.token_file", m))
     }
+}
+
+/// Resolves a path of the configuration file against the file's own directory, unless it is
+/// absolute.
+fn anchored(base: &Path, p: PathBuf) -> PathBuf {
+    if p.is_absolute() {
+        p
+    } else {
+        base.join(p)
+    }
+}
+
+/// Parses `daemon.listen`, the default address when it is not set.
+fn parse_listen(path: &Path, listen: Option<&str>) -> Result<SocketAddr, DaemonError> {
+    let listen_text = listen.unwrap_or(DEFAULT_LISTEN);
+    listen_text.parse().map_err(|_| {
+        bad(
+            path,
+            "daemon.listen",
+            format!("{listen_text:?} is not an IP:PORT address (e.g. \"127.0.0.1:7878\")"),
+        )
+    })
+}
+
+/// Creates the state directory if it is missing and checks that the daemon can write in it.
+fn check_state_dir(path: &Path, state_dir: &Path) -> Result<(), DaemonError> {
+    std::fs::create_dir_all(state_dir).map_err(|e| {
+        bad(
+            path,
+            "daemon.state_dir",
+            format!("{}: {e}", state_dir.display()),
+        )
+    })?;
+    let probe = state_dir.join(".servetune-write-check");
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| {
+            bad(
+                path,
+                "daemon.state_dir",
+                format!("{} is not writable: {e}", state_dir.display()),
+            )
+        })
+}
+
+/// Parses `daemon.schedule` in the zone `daemon.schedule_tz` (the defaults when they are not
+/// set), and refuses a schedule that never fires.
+fn parse_schedule(
+    path: &Path,
+    schedule: Option<&str>,
+    tz: Option<&str>,
+) -> Result<Schedule, DaemonError> {
+    let sched_text = schedule.unwrap_or(DEFAULT_SCHEDULE);
+    let tz = tz.unwrap_or("UTC");
+    let schedule = Schedule::parse(sched_text, tz).map_err(|e| match e {
+        CronError::TimeZone(_) => bad(path, "daemon.schedule_tz", e),
+        CronError::Expression { .. } => bad(path, "daemon.schedule", e),
+    })?;
+    if schedule
+        .next_after(crate::util::unix_now() as i64)
+        .is_none()
+    {
+        return Err(bad(
+            path,
+            "daemon.schedule",
+            format!("{sched_text:?} never fires (no such date in the coming year or more)"),
+        ));
+    }
+    Ok(schedule)
+}
+
+/// The daemon's numeric settings, each with its default and checked against its range.
+struct Limits {
+    probe_interval_s: f64,
+    max_body_bytes: usize,
+    stop_timeout_s: f64,
+    warm_top: usize,
+}
+
+impl Limits {
+    /// Applies the defaults to the numeric settings of `[daemon]` and refuses the first one
+    /// out of its range, in the order the file documents them.
+    fn check(
+        path: &Path,
+        probe_interval_s: Option<f64>,
+        max_body_bytes: Option<usize>,
+        stop_timeout_s: Option<f64>,
+        warm_top: Option<usize>,
+    ) -> Result<Limits, DaemonError> {
+        let probe_interval_s = probe_interval_s.unwrap_or(3600.0);
+        if !(probe_interval_s.is_finite() && probe_interval_s >= 10.0) {
+            return Err(bad(
+                path,
+                "daemon.probe_interval_s",
+                format!("{probe_interval_s} must be at least 10 seconds"),
+            ));
+        }
+        let max_body_bytes = max_body_bytes.unwrap_or(256 * 1024);
+        if !(1024..=64 * 1024 * 1024).contains(&max_body_bytes) {
+            return Err(bad(
+                path,
+                "daemon.max_body_bytes",
+                format!("{max_body_bytes} must be between 1024 and 67108864"),
+            ));
+        }
+        let stop_timeout_s = stop_timeout_s.unwrap_or(90.0);
+        if !(stop_timeout_s.is_finite() && (1.0..=3600.0).contains(&stop_timeout_s)) {
+            return Err(bad(
+                path,
+                "daemon.stop_timeout_s",
+                format!("{stop_timeout_s} must be between 1 and 3600 seconds"),
+            ));
+        }
+        let warm_top = warm_top.unwrap_or(3);
+        if warm_top > 20 {
+            return Err(bad(
+                path,
+                "daemon.warm_top",
+                format!("{warm_top} must be at most 20"),
+            ));
+        }
+        Ok(Limits {
+            probe_interval_s,
+            max_body_bytes,
+            stop_timeout_s,
+            warm_top,
+        })
+    }
+}
+
+/// The directory of search-space files: the one `daemon.search_spaces` names (already
+/// anchored), which must hold some, else `search-spaces` beside the configuration file if it
+/// exists.
+fn search_spaces_dir(
+    path: &Path,
+    base: &Path,
+    named: Option<PathBuf>,
+) -> Result<Option<PathBuf>, DaemonError> {
+    Ok(match named {
+        Some(dir) => {
+            if crate::space::Space::available(&dir).is_empty() {
+                return Err(bad(
+                    path,
+                    "daemon.search_spaces",
+                    format!("{} holds no search-space files (*.toml)", dir.display()),
+                ));
+            }
+            Some(dir)
+        }
+        None => Some(base.join("search-spaces")).filter(|d| d.is_dir()),
+    })
+}
+
+/// Loads every `[[study]]` of the configuration file, refusing one that does not load and a
+/// second study with the same name.
+fn kept_studies(
+    path: &Path,
+    base: &Path,
+    raw: Vec<RawStudy>,
+    search_spaces: Option<&Path>,
+) -> Result<Vec<KeptStudy>, DaemonError> {
+    let mut studies = Vec::new();
+    let mut names = BTreeSet::new();
+    for (i, s) in raw.into_iter().enumerate() {
+        let file = anchored(base, s.file);
+        let field = format!("study[{i}].file");
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| bad(path, &field, format!("cannot read {}: {e}", file.display())))?;
+        let study = Study::parse_in(&text, &file, search_spaces)
+            .map_err(|e| bad(path, &field, chain(&e)))?;
+        if !names.insert(study.id().to_owned()) {
+            return Err(bad(
+                path,
+                &field,
+                format!(
+                    "a second study named {:?}; study names must be unique",
+                    study.id()
+                ),
+            ));
+        }
+        studies.push(KeptStudy {
+            file,
+            study,
+            nightly: s.nightly,
+            on_upgrade: s.on_upgrade,
+        });
+    }
+    Ok(studies)
 }
 
 /// The token in `path`: at least 16 characters, the file not readable by other users.

@@ -15,6 +15,7 @@ pub mod client;
 pub mod config;
 pub mod cron;
 pub mod memory;
+pub mod metrics;
 pub mod notify;
 pub mod page;
 pub mod queue;

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::DaemonError;
+use crate::api::{JobStateV1, JobV1};
 use crate::store::Store;
 use crate::tune::spec::Study;
 
@@ -37,15 +38,9 @@ impl JobState {
         JobState::Failed,
     ];
 
+    /// The state's word (the API's, `JobStateV1::label`).
     pub fn label(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Running => "running",
-            JobState::Paused => "paused",
-            JobState::Cancelled => "cancelled",
-            JobState::Done => "done",
-            JobState::Failed => "failed",
-        }
+        self.v1().label()
     }
 
     pub fn finished(self) -> bool {
@@ -76,6 +71,41 @@ pub struct Job {
     pub started: Option<f64>,
     pub ended: Option<f64>,
     pub error: Option<String>,
+}
+
+impl JobState {
+    /// The state as the API shows it.
+    pub fn v1(self) -> JobStateV1 {
+        match self {
+            JobState::Queued => JobStateV1::Queued,
+            JobState::Running => JobStateV1::Running,
+            JobState::Paused => JobStateV1::Paused,
+            JobState::Cancelled => JobStateV1::Cancelled,
+            JobState::Done => JobStateV1::Done,
+            JobState::Failed => JobStateV1::Failed,
+        }
+    }
+}
+
+/// A queue entry as the API answers it: without the study file's text (`GET
+/// /v1/studies/{id}` has the record).
+impl From<Job> for JobV1 {
+    fn from(j: Job) -> JobV1 {
+        JobV1 {
+            seq: j.seq,
+            study: j.study,
+            name: j.name,
+            spec_text: String::new(),
+            spec_path: j.spec_path.display().to_string(),
+            trigger: j.trigger,
+            state: j.state.v1(),
+            warm: j.warm,
+            submitted: j.submitted,
+            started: j.started,
+            ended: j.ended,
+            error: j.error,
+        }
+    }
 }
 
 pub struct Queue {

@@ -1,115 +1,20 @@
 //! What the API and the status page show, computed from the store (so a restarted daemon
 //! shows exactly what it showed before): the status, the studies, the best configurations for
-//! this node, and the Prometheus metrics. What spans every study or queue entry comes from the
+//! this node (the Prometheus metrics are `metrics`). What spans every study or queue entry comes from the
 //! `catalog`, read again only after the store changes; the rest reads one study's records
 //! (`/v1/best` reads the best records, one per model, node, version and workload).
 
-use std::fmt::Write as _;
-
-use serde::{Deserialize, Serialize};
-
 use super::catalog;
-use super::queue::JobState;
 use super::scheduler::rfc3339;
 use super::{Backend, Daemon, DaemonError, Intent};
-use crate::api::{BestV1, StudyV1, TrialV1};
-use crate::space::CommandLine;
-use crate::tune::records::{
-    Histogram, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus, DURATION_BUCKETS,
-    LAUNCH_BUCKETS,
+use crate::api::{
+    BestAnswerV1, BestNowV1, BestV1, CurrentV1, JobV1, StatusV1, StudyDetailV1, StudyV1,
+    TrialNowV1, TrialV1,
 };
+use crate::space::CommandLine;
+use crate::tune::records::{Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrialView {
-    pub seq: u32,
-    pub kind: String,
-    pub note: String,
-    pub command: Option<String>,
-    pub running_s: f64,
-    pub attempts: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BestView {
-    pub trial: u32,
-    pub objective: f64,
-    pub metric: String,
-    /// The trial's command as one to serve with (port 8000).
-    pub command: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CurrentView {
-    pub study: String,
-    pub trigger: String,
-    /// `running`, or `pausing`/`cancelling`/`stopping` while the engine is torn down.
-    pub state: String,
-    /// search, remeasure, validate.
-    pub phase: Option<Phase>,
-    pub search_trials_done: usize,
-    pub search_budget: u32,
-    pub measurements_done: usize,
-    pub trial: Option<TrialView>,
-    pub best: Option<BestView>,
-    /// An estimate of the time the study still needs, and how it was made.
-    pub time_left_s: Option<f64>,
-    pub time_left_basis: String,
-    pub events: Vec<String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct QueueItem {
-    pub study: String,
-    pub state: JobState,
-    pub trigger: String,
-    pub submitted: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Status {
-    pub version: String,
-    pub node: String,
-    /// idle, tuning, stopping.
-    pub phase: String,
-    pub uptime_s: f64,
-    pub current: Option<CurrentView>,
-    /// Queued and paused studies, in the order they would run.
-    pub queue: Vec<QueueItem>,
-    pub schedule: String,
-    /// The IANA zone the schedule is read in (absent from a daemon before zones: UTC).
-    #[serde(default = "utc")]
-    pub schedule_tz: String,
-    /// RFC 3339, UTC.
-    pub next_nightly: Option<String>,
-    pub next_probe: Option<String>,
-}
-
-fn utc() -> String {
-    "UTC".to_owned()
-}
-
-/// One study, as listed.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StudyView {
-    pub id: String,
-    pub name: Option<String>,
-    /// The queue state, or `manual` for a study run by `servetune tune`.
-    pub state: String,
-    pub trigger: String,
-    pub submitted: Option<String>,
-    pub started: Option<String>,
-    pub ended: Option<String>,
-    pub phase: Option<Phase>,
-    pub trials: usize,
-    pub search_trials: usize,
-    pub metric: Option<String>,
-    pub best_objective: Option<f64>,
-    pub verdict: Option<String>,
-    pub recommended_command: Option<String>,
-    pub error: Option<String>,
-}
-
-fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, DaemonError> {
+fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentV1>, DaemonError> {
     let (job, intent, events, (budget, wall_time_s)) = match d.current().as_ref() {
         Some(c) => (c.job.clone(), c.intent, c.events.clone(), c.budget),
         None => return Ok(None),
@@ -125,7 +30,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
         .iter()
         .rev()
         .find(|t| t.status == TrialStatus::Running)
-        .map(|t| TrialView {
+        .map(|t| TrialNowV1 {
             seq: t.seq,
             kind: t.kind.label(),
             note: t.note.clone(),
@@ -140,7 +45,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
     let best = rec.as_ref().and_then(|r| {
         let seq = r.best_trial?;
         let t = trials.iter().find(|t| t.seq == seq)?;
-        Some(BestView {
+        Some(BestNowV1 {
             trial: seq,
             objective: r.best_objective?,
             metric: metric.clone(),
@@ -149,7 +54,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentView>, Daemon
     });
     let phase = rec.as_ref().map(|r| r.phase);
     let (time_left_s, basis) = time_left(phase, &trials, budget, wall_time_s);
-    Ok(Some(CurrentView {
+    Ok(Some(CurrentV1 {
         study: job.study.clone(),
         trigger: job.trigger.clone(),
         state: match intent {
@@ -210,15 +115,15 @@ fn time_left(
     }
 }
 
-pub fn status<B: Backend>(d: &Daemon<B>) -> Result<Status, DaemonError> {
+pub fn status<B: Backend>(d: &Daemon<B>) -> Result<StatusV1, DaemonError> {
     let current = current_view(d)?;
     let queue = d.catalog()?.waiting.clone();
     let next_nightly = *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner());
     let next_probe = *d.next_probe.lock().unwrap_or_else(|p| p.into_inner());
-    Ok(Status {
+    Ok(StatusV1 {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         node: d.backend.node(),
-        phase: if d.stopping() {
+        activity: if d.stopping() {
             "stopping"
         } else if current.is_some() {
             "tuning"
@@ -262,23 +167,23 @@ pub fn one_line_status<B: Backend>(d: &Daemon<B>) -> String {
 }
 
 /// One study with its record (`study`), its queue entry (`job`) and its summary (`view`).
-pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<serde_json::Value, DaemonError> {
+pub fn study_detail<B: Backend>(d: &Daemon<B>, id: &str) -> Result<StudyDetailV1, DaemonError> {
     let job = d.catalog()?.jobs.get(id).cloned();
     let rec = d.records().study(id)?;
     if job.is_none() && rec.is_none() {
         return Err(DaemonError::NotFound(format!("no study {id:?}")));
     }
     let s = d.records().summary(id)?;
-    Ok(serde_json::json!({
-        "view": catalog::view(
+    Ok(StudyDetailV1 {
+        view: catalog::view(
             job.as_ref(),
             rec.as_ref(),
             rec.as_ref().map(StudyRecord::heading).as_ref(),
-            &s
+            &s,
         ),
-        "job": job,
-        "study": rec.as_ref().map(StudyV1::from),
-    }))
+        job: job.map(JobV1::from),
+        study: rec.as_ref().map(StudyV1::from),
+    })
 }
 
 pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialV1>, DaemonError> {
@@ -289,10 +194,7 @@ pub fn trials<B: Backend>(d: &Daemon<B>, id: &str) -> Result<Vec<TrialV1>, Daemo
 }
 
 /// The best configurations for `model` (all models when `None`); this node's first.
-pub fn best<B: Backend>(
-    d: &Daemon<B>,
-    model: Option<&str>,
-) -> Result<serde_json::Value, DaemonError> {
+pub fn best<B: Backend>(d: &Daemon<B>, model: Option<&str>) -> Result<BestAnswerV1, DaemonError> {
     let node = d.backend.node();
     let mut best = d.records().best_for(model)?;
     best.sort_by_key(|b| {
@@ -302,108 +204,12 @@ pub fn best<B: Backend>(
         )
     });
     let here = best.iter().find(|b| b.hardware == node);
-    Ok(serde_json::json!({
-        "node": node,
-        "model": model,
-        "command": here.and_then(|b| b.command.as_ref().map(CommandLine::display)),
-        "best": best.iter().map(BestV1::from).collect::<Vec<_>>(),
-    }))
-}
-
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn histogram(out: &mut String, name: &str, help: &str, bounds: &[f64], h: &Histogram) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} histogram");
-    for (i, b) in bounds.iter().enumerate() {
-        let n = h.buckets.get(i).copied().unwrap_or(0);
-        let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
-    }
-    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", h.count);
-    let _ = writeln!(out, "{name}_sum {}", h.sum);
-    let _ = writeln!(out, "{name}_count {}", h.count);
-}
-
-/// `GET /metrics`, in Prometheus' text format (0.0.4).
-pub fn metrics<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
-    let c = d.catalog()?;
-    let total = &c.totals;
-    let mut s = String::new();
-    let _ = writeln!(s, "# HELP servetune_up Whether the daemon is serving.");
-    let _ = writeln!(s, "# TYPE servetune_up gauge\nservetune_up 1");
-    let waiting = c.waiting.len();
-    let _ = writeln!(
-        s,
-        "# HELP servetune_queue_length Studies waiting to run (queued or paused).\n# TYPE servetune_queue_length gauge\nservetune_queue_length {waiting}"
-    );
-    let running = d.current().is_some() as u8;
-    let _ = writeln!(
-        s,
-        "# HELP servetune_study_running Whether a study is being tuned now.\n# TYPE servetune_study_running gauge\nservetune_study_running {running}"
-    );
-    let _ = writeln!(
-        s,
-        "# HELP servetune_studies Daemon study runs by queue state.\n# TYPE servetune_studies gauge"
-    );
-    for (st, n) in &c.jobs_by_state {
-        let _ = writeln!(s, "servetune_studies{{state=\"{}\"}} {n}", st.label());
-    }
-    let _ = writeln!(
-        s,
-        "# HELP servetune_trials_total Finished engine runs (search, re-measurement, validation) by outcome.\n# TYPE servetune_trials_total counter"
-    );
-    for (label, n) in [
-        ("ok", total.ok),
-        ("infeasible", total.infeasible),
-        ("failed", total.failed),
-    ] {
-        let _ = writeln!(s, "servetune_trials_total{{outcome=\"{label}\"}} {n}");
-    }
-    let constraint = total.infeasible;
-    let screened = total.screened_out;
-    let _ = writeln!(
-        s,
-        "# HELP servetune_early_stops_total Trials stopped early: a constraint (success rate, SLO) missed, or not promoted past screening.\n# TYPE servetune_early_stops_total counter\nservetune_early_stops_total{{reason=\"constraint\"}} {constraint}\nservetune_early_stops_total{{reason=\"screened_out\"}} {screened}"
-    );
-    let _ = writeln!(
-        s,
-        "# HELP servetune_best_objective The best objective of the latest study of each name.\n# TYPE servetune_best_objective gauge"
-    );
-    for b in &c.latest {
-        let _ = writeln!(
-            s,
-            "servetune_best_objective{{study=\"{}\",run=\"{}\",metric=\"{}\"}} {}",
-            esc(&b.name),
-            esc(&b.study),
-            esc(&b.metric),
-            b.objective
-        );
-    }
-    histogram(
-        &mut s,
-        "servetune_trial_duration_seconds",
-        "Wall time of finished trials (launch, benchmark runs, teardown).",
-        &DURATION_BUCKETS,
-        &total.durations,
-    );
-    histogram(
-        &mut s,
-        "servetune_launch_duration_seconds",
-        "Seconds from spawning an engine to its first answered request.",
-        &LAUNCH_BUCKETS,
-        &total.launches,
-    );
-    if let Some(t) = *d.next_nightly.lock().unwrap_or_else(|p| p.into_inner()) {
-        let _ = writeln!(
-            s,
-            "# HELP servetune_next_nightly_timestamp_seconds When the next nightly re-tune is due.\n# TYPE servetune_next_nightly_timestamp_seconds gauge\nservetune_next_nightly_timestamp_seconds {t}"
-        );
-    }
-    Ok(s)
+    Ok(BestAnswerV1 {
+        command: here.and_then(|b| b.command.as_ref().map(CommandLine::display)),
+        node,
+        model: model.map(str::to_owned),
+        best: best.iter().map(BestV1::from).collect(),
+    })
 }
 
 #[cfg(test)]

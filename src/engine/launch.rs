@@ -82,6 +82,43 @@ fn fail(
     }
 }
 
+// Each later rung polls until it succeeds, the process dies, or its limit passes.
+/// Climbs one rung of the ladder: polls `$check` (a future of an `Option`) every 100 ms until it
+/// yields a value, which the macro evaluates to, and records the rung's time in `$rungs`.
+///
+/// When the process dies or `$limit` passes first, the engine is torn down and the calling
+/// function returns the classified failure.
+macro_rules! climb {
+    ($process:ident, $rungs:ident, $patterns:expr, $rung:expr, $limit:expr, $timeout_class:expr, $check:expr) => {{
+        let t = Instant::now();
+        loop {
+            if let Some(status) = $process.exited() {
+                return Err(fail(
+                    $process,
+                    $rung,
+                    $patterns,
+                    FailureClass::Crash,
+                    format!("exited during start-up ({status})"),
+                ));
+            }
+            if let Some(v) = $check.await {
+                $rungs.push(($rung, t.elapsed().as_secs_f64()));
+                break v;
+            }
+            if t.elapsed() > $limit {
+                return Err(fail(
+                    $process,
+                    $rung,
+                    $patterns,
+                    $timeout_class,
+                    format!("no answer within {:.0} s", $limit.as_secs_f64()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }};
+}
+
 /// Spawns the engine and climbs the ladder.
 pub async fn launch(spec: &LaunchSpec, patterns: &Patterns) -> Result<Ready, LaunchError> {
     launch_with(spec, patterns, |_| Ok(())).await
@@ -120,40 +157,11 @@ pub async fn launch_with(
     }
     rungs.push((Rung::Alive, t0.elapsed().as_secs_f64()));
 
-    // Each later rung polls until it succeeds, the process dies, or its limit passes.
-    macro_rules! climb {
-        ($rung:expr, $limit:expr, $timeout_class:expr, $check:expr) => {{
-            let t = Instant::now();
-            loop {
-                if let Some(status) = process.exited() {
-                    return Err(fail(
-                        process,
-                        $rung,
-                        patterns,
-                        FailureClass::Crash,
-                        format!("exited during start-up ({status})"),
-                    ));
-                }
-                if let Some(v) = $check.await {
-                    rungs.push(($rung, t.elapsed().as_secs_f64()));
-                    break v;
-                }
-                if t.elapsed() > $limit {
-                    return Err(fail(
-                        process,
-                        $rung,
-                        patterns,
-                        $timeout_class,
-                        format!("no answer within {:.0} s", $limit.as_secs_f64()),
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }};
-    }
-
     let addr = format!("{}:{}", spec.host, spec.port);
     climb!(
+        process,
+        rungs,
+        patterns,
         Rung::Port,
         spec.ladder.port,
         FailureClass::StartupTimeout,
@@ -161,6 +169,9 @@ pub async fn launch_with(
     );
     let health = format!("{base}{}", spec.health_path);
     climb!(
+        process,
+        rungs,
+        patterns,
         Rung::Health,
         spec.ladder.health,
         FailureClass::StartupTimeout,
@@ -173,6 +184,9 @@ pub async fn launch_with(
     );
     let models = format!("{base}{}", spec.models_path);
     let model: String = climb!(
+        process,
+        rungs,
+        patterns,
         Rung::Models,
         spec.ladder.models,
         FailureClass::StartupTimeout,
@@ -189,11 +203,45 @@ pub async fn launch_with(
     let body =
         serde_json::json!({"model": model, "prompt": "Hello", "max_tokens": 1, "stream": false});
     let t = Instant::now();
-    let answer = tokio::time::timeout(spec.ladder.first_token, async {
+    if first_token_answers(&http, &completions, &body, spec.ladder.first_token).await {
+        rungs.push((Rung::FirstToken, t.elapsed().as_secs_f64()));
+    } else {
+        let class = if process.exited().is_some() {
+            FailureClass::Crash
+        } else {
+            FailureClass::Hang
+        };
+        return Err(fail(
+            process,
+            Rung::FirstToken,
+            patterns,
+            class,
+            format!(
+                "no token within {:.0} s",
+                spec.ladder.first_token.as_secs_f64()
+            ),
+        ));
+    }
+    Ok(Ready {
+        process,
+        model,
+        rungs,
+    })
+}
+
+/// Whether a request for one token (`body`, posted to `completions`) gets an answer with a
+/// choice within `limit`.
+async fn first_token_answers(
+    http: &reqwest::Client,
+    completions: &str,
+    body: &serde_json::Value,
+    limit: Duration,
+) -> bool {
+    let answer = tokio::time::timeout(limit, async {
         let r = http
-            .post(&completions)
-            .timeout(spec.ladder.first_token)
-            .json(&body)
+            .post(completions)
+            .timeout(limit)
+            .json(body)
             .send()
             .await
             .ok()?;
@@ -201,29 +249,5 @@ pub async fn launch_with(
         v.pointer("/choices/0").map(|_| ())
     })
     .await;
-    match answer {
-        Ok(Some(())) => rungs.push((Rung::FirstToken, t.elapsed().as_secs_f64())),
-        _ => {
-            let class = if process.exited().is_some() {
-                FailureClass::Crash
-            } else {
-                FailureClass::Hang
-            };
-            return Err(fail(
-                process,
-                Rung::FirstToken,
-                patterns,
-                class,
-                format!(
-                    "no token within {:.0} s",
-                    spec.ladder.first_token.as_secs_f64()
-                ),
-            ));
-        }
-    }
-    Ok(Ready {
-        process,
-        model,
-        rungs,
-    })
+    matches!(answer, Ok(Some(())))
 }

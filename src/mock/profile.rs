@@ -9,9 +9,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::space::{Kind, Render, Space, Value};
+use crate::space::{Kind, Param, Render, Space, Value};
 
-use super::sim::{Hardware, ModelSpec, Settings};
+use super::sim::Settings;
+
+// Defined in `engines`, which builds on them (so that it need not name this file); kept
+// reachable here, at their old paths.
+pub use super::engines::{Fatal, Machine};
 
 /// The engines the mock can imitate, with their embedded search spaces.
 pub const PROFILES: &[(&str, &str)] = &[
@@ -34,16 +38,6 @@ pub fn default_version(profile: &str) -> &'static str {
     }
 }
 
-/// Why the mock engine refuses to serve, and how the real engine would say it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Fatal {
-    /// Log lines, as the engine prints them (stderr).
-    pub log: String,
-    pub exit_code: i32,
-    /// Seconds of "start-up" before dying (loading weights, capturing graphs).
-    pub after_s: f64,
-}
-
 /// What the command line asks for, besides the settings.
 #[derive(Debug, Clone)]
 pub enum Parsed {
@@ -64,14 +58,6 @@ pub struct Launch {
     pub config: BTreeMap<String, Value>,
     /// A run-time out-of-memory: the engine dies when a step prefills more tokens than this.
     pub oom_prefill_tokens: Option<u64>,
-}
-
-/// The mock's own knobs, before `--`.
-#[derive(Debug, Clone)]
-pub struct Machine {
-    pub hw: Hardware,
-    pub model: ModelSpec,
-    pub version: String,
 }
 
 /// `flag` is the unknown option as the engine names it (its `_` already turned into `-` where
@@ -270,38 +256,49 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
         exit_code: 2,
         after_s: 0.0,
     })?;
-    let tmpl = template_flags(&s);
-    // Literal sub-commands of the template (`serve`) and the positional model.
-    let literals: Vec<&String> = s.engine.argv[1..]
-        .iter()
-        .enumerate()
-        .filter(|(i, a)| {
-            !a.starts_with('-') && !a.contains('{') && !s.engine.argv[*i].starts_with('-')
-        })
-        .map(|(_, a)| a)
-        .collect();
-    let positional_model = s
-        .engine
-        .argv
-        .windows(2)
-        .any(|w| w[1] == "{model}" && !w[0].starts_with('-'));
+    let (vals, positionals) = match scan(profile, args, &s, &m.version)? {
+        Scanned::Print(text) => return Ok(Parsed::Print(text)),
+        Scanned::Flags { vals, positionals } => (vals, positionals),
+    };
+    let (model, host, port) = address(profile, &s, &vals, positionals)?;
+    let cfg = engine_config(profile, &s, &vals)?;
+    let max_model_len = context_length(&s, &vals);
+    super::engines::settings(profile, &cfg, max_model_len, m).map(|(settings, banner, oom)| {
+        Parsed::Serve(Box::new(Launch {
+            host,
+            port,
+            model,
+            settings,
+            banner,
+            config: cfg,
+            oom_prefill_tokens: oom,
+        }))
+    })
+}
+
+/// What one pass over the command line found.
+enum Scanned {
+    /// `--help` or `--version`: the text to print.
+    Print(String),
+    /// The value of each flag given (by the flag's name) and the positional arguments.
+    Flags {
+        vals: BTreeMap<String, String>,
+        positionals: Vec<String>,
+    },
+}
+
+/// Reads the command line token by token as the engine's parser does. `--help` and
+/// `--version` end the pass with a text to print; a flag the engine does not know, or one
+/// missing its value, fails with the engine's message.
+fn scan(profile: &str, args: &[String], s: &Space, version: &str) -> Result<Scanned, Fatal> {
+    let tmpl = template_flags(s);
     let mut vals: BTreeMap<String, String> = BTreeMap::new();
     let mut positionals: Vec<String> = Vec::new();
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];
-        if a == "--help" || a.starts_with("--help=") || a == "-h" {
-            return Ok(Parsed::Print(help_text(profile, &s, &m.version)));
-        }
-        if a == "--version" || a == "-v" {
-            return Ok(Parsed::Print(match profile {
-                "llamacpp" => format!(
-                    "version: {} (build 0, commit mock)\nbuilt with servetune mock-engine\n",
-                    m.version
-                ),
-                "trtllm" => return Err(bad_flag(profile, a)),
-                _ => format!("{}\n", m.version),
-            }));
+        if let Some(text) = print_request(profile, a, s, version)? {
+            return Ok(Scanned::Print(text));
         }
         if !a.starts_with('-') {
             positionals.push(a.clone());
@@ -312,55 +309,22 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
             None => (a.clone(), None),
         };
-        let normal = |n: &str| {
-            if profile == "vllm" || profile == "llamacpp" {
-                n.replace('_', "-")
-            } else {
-                n.to_owned()
-            }
-        };
         let name = if name.starts_with("--") {
-            normal(&name)
+            flag_name(profile, &name)
         } else {
             name
         };
-        let is_switch = s.params.iter().any(|p| {
-            p.flag.as_deref() == Some(name.as_str())
-                && matches!(p.render, Render::Switch | Render::Present)
-        });
-        let negated = s.params.iter().find(|p| {
-            p.render == Render::Switch
-                && p.flag
-                    .as_ref()
-                    .is_some_and(|f| format!("--no-{}", f.trim_start_matches('-')) == name)
-        });
-        let takes_value = tmpl.get(&name).copied().or_else(|| {
-            let param = s
-                .params
-                .iter()
-                .any(|p| p.flag.as_deref() == Some(name.as_str()));
-            let json = s
-                .params
-                .iter()
-                .any(|p| p.json_flag.as_deref() == Some(name.as_str()));
-            let yaml = s.engine.yaml_flag.as_deref() == Some(name.as_str());
-            (param || json || yaml).then_some(!is_switch)
-        });
-        if let Some(p) = negated {
+        if let Some(p) = negated(s, &name) {
             vals.insert(p.flag.clone().unwrap_or_default(), "false".into());
             i += 1;
             continue;
         }
-        let Some(takes) = takes_value else {
-            // argparse (vLLM, SGLang) lists every token it could not place: the unknown flag
-            // and the value after it (real vLLM 0.32.0: "unrecognized arguments: --bogus-flag 3").
-            let mut unknown = name.clone();
-            if profile == "vllm" || profile == "sglang" {
-                if let Some(next) = args.get(i + 1).filter(|n| !n.starts_with('-')) {
-                    unknown = format!("{unknown} {next}");
-                }
-            }
-            return Err(bad_flag(profile, &unknown));
+        let Some(takes) = takes_value(s, &tmpl, &name) else {
+            return Err(unknown_flag(
+                profile,
+                &name,
+                args.get(i + 1).map(String::as_str),
+            ));
         };
         if takes {
             let v = match inline {
@@ -378,6 +342,105 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
         }
         i += 1;
     }
+    Ok(Scanned::Flags { vals, positionals })
+}
+
+/// The text that `a` asks the engine to print, if it is `--help` or `--version` (`-h`, `-v`).
+/// TensorRT-LLM's `serve` has no `--version`: it fails on it as on any unknown option.
+fn print_request(
+    profile: &str,
+    a: &str,
+    s: &Space,
+    version: &str,
+) -> Result<Option<String>, Fatal> {
+    if a == "--help" || a.starts_with("--help=") || a == "-h" {
+        return Ok(Some(help_text(profile, s, version)));
+    }
+    if a == "--version" || a == "-v" {
+        return Ok(Some(match profile {
+            "llamacpp" => format!(
+                "version: {version} (build 0, commit mock)\nbuilt with servetune mock-engine\n"
+            ),
+            "trtllm" => return Err(bad_flag(profile, a)),
+            _ => format!("{version}\n"),
+        }));
+    }
+    Ok(None)
+}
+
+/// A long flag's name as the engine reads it: vLLM and llama.cpp accept `_` for `-`.
+fn flag_name(profile: &str, name: &str) -> String {
+    if profile == "vllm" || profile == "llamacpp" {
+        name.replace('_', "-")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// The switch parameter that `name` turns off (`--no-<flag>`), if it is one.
+fn negated<'a>(s: &'a Space, name: &str) -> Option<&'a Param> {
+    s.params.iter().find(|p| {
+        p.render == Render::Switch
+            && p.flag
+                .as_ref()
+                .is_some_and(|f| format!("--no-{}", f.trim_start_matches('-')) == name)
+    })
+}
+
+/// Whether the flag `name` takes a value: as the command template writes it, or for a
+/// parameter's flag, a JSON-valued flag or the YAML file's flag, unless it is a switch. None
+/// when the engine does not know the flag.
+fn takes_value(s: &Space, tmpl: &BTreeMap<String, bool>, name: &str) -> Option<bool> {
+    let is_switch = s.params.iter().any(|p| {
+        p.flag.as_deref() == Some(name) && matches!(p.render, Render::Switch | Render::Present)
+    });
+    tmpl.get(name).copied().or_else(|| {
+        let param = s.params.iter().any(|p| p.flag.as_deref() == Some(name));
+        let json = s
+            .params
+            .iter()
+            .any(|p| p.json_flag.as_deref() == Some(name));
+        let yaml = s.engine.yaml_flag.as_deref() == Some(name);
+        (param || json || yaml).then_some(!is_switch)
+    })
+}
+
+/// The engine's failure on the unknown flag `name`, followed on the command line by `next`.
+fn unknown_flag(profile: &str, name: &str, next: Option<&str>) -> Fatal {
+    // argparse (vLLM, SGLang) lists every token it could not place: the unknown flag
+    // and the value after it (real vLLM 0.32.0: "unrecognized arguments: --bogus-flag 3").
+    let mut unknown = name.to_owned();
+    if profile == "vllm" || profile == "sglang" {
+        if let Some(next) = next.filter(|n| !n.starts_with('-')) {
+            unknown = format!("{unknown} {next}");
+        }
+    }
+    bad_flag(profile, &unknown)
+}
+
+/// The model (the positional argument, or the value of the template's model flag), host and
+/// port the command line asks for; a port that is not a number fails as the engine's parser
+/// does.
+fn address(
+    profile: &str,
+    s: &Space,
+    vals: &BTreeMap<String, String>,
+    mut positionals: Vec<String>,
+) -> Result<(String, String, u16), Fatal> {
+    // Literal sub-commands of the template (`serve`) and the positional model.
+    let literals: Vec<&String> = s.engine.argv[1..]
+        .iter()
+        .enumerate()
+        .filter(|(i, a)| {
+            !a.starts_with('-') && !a.contains('{') && !s.engine.argv[*i].starts_with('-')
+        })
+        .map(|(_, a)| a)
+        .collect();
+    let positional_model = s
+        .engine
+        .argv
+        .windows(2)
+        .any(|w| w[1] == "{model}" && !w[0].starts_with('-'));
     for lit in &literals {
         if positionals.first() == Some(*lit) {
             positionals.remove(0);
@@ -423,37 +486,20 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             "invalid int value",
         )
     })?;
+    Ok((model, host, port))
+}
 
+/// The engine's parameter values: each parameter's default, overridden by its flag, by its
+/// key in a JSON-valued flag or by its key in the YAML file; a value the engine would reject,
+/// or a YAML key it does not know, fails with the engine's message.
+fn engine_config(
+    profile: &str,
+    s: &Space,
+    vals: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, Value>, Fatal> {
     // The engine's parameters, defaults first.
-    let yaml = match s.engine.yaml_flag.as_ref().and_then(|f| vals.get(f)) {
-        Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| Fatal {
-                log: format!(
-                    "FileNotFoundError: [Errno 2] No such file or directory: '{path}' ({e})\n"
-                ),
-                exit_code: 1,
-                after_s: 0.0,
-            })?;
-            Some(parse_yaml(&text).map_err(|e| Fatal {
-                log: format!("yaml.scanner.ScannerError: {path}: {e}\n"),
-                exit_code: 1,
-                after_s: 0.0,
-            })?)
-        }
-        None => None,
-    };
-    let mut jsons: BTreeMap<String, serde_json::Value> = BTreeMap::new();
-    for p in &s.params {
-        if let Some(f) = &p.json_flag {
-            if let Some(raw) = vals.get(f) {
-                if !jsons.contains_key(f) {
-                    let v: serde_json::Value = serde_json::from_str(raw)
-                        .map_err(|_| bad_value(profile, f, raw, "invalid loads value"))?;
-                    jsons.insert(f.clone(), v);
-                }
-            }
-        }
-    }
+    let yaml = read_yaml(s, vals)?;
+    let jsons = json_flags(profile, s, vals)?;
     let mut cfg: BTreeMap<String, Value> = BTreeMap::new();
     for p in &s.params {
         let mut v = p.default.clone();
@@ -483,22 +529,77 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
         cfg.insert(p.name.clone(), v);
     }
     if let Some(y) = &yaml {
-        // TorchLlmArgs forbids extra fields.
-        let known: Vec<&str> = s
-            .params
-            .iter()
-            .filter_map(|p| p.yaml_key.as_deref())
-            .collect();
-        let mut leaves = Vec::new();
-        collect_leaves(y, String::new(), &mut leaves);
-        if let Some(extra) = leaves.iter().find(|l| !known.contains(&l.as_str())) {
-            return Err(Fatal {
-                log: format!("pydantic_core._pydantic_core.ValidationError: 1 validation error for TorchLlmArgs\n{extra}\n  Extra inputs are not permitted [type=extra_forbidden]\n"),
-                exit_code: 1,
-                after_s: 0.5,
-            });
+        check_yaml_keys(s, y)?;
+    }
+    Ok(cfg)
+}
+
+/// The YAML file that the engine's YAML flag names, read and parsed; None when the command
+/// line gives no such flag.
+fn read_yaml(
+    s: &Space,
+    vals: &BTreeMap<String, String>,
+) -> Result<Option<serde_json::Value>, Fatal> {
+    let Some(path) = s.engine.yaml_flag.as_ref().and_then(|f| vals.get(f)) else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| Fatal {
+        log: format!("FileNotFoundError: [Errno 2] No such file or directory: '{path}' ({e})\n"),
+        exit_code: 1,
+        after_s: 0.0,
+    })?;
+    let yaml = parse_yaml(&text).map_err(|e| Fatal {
+        log: format!("yaml.scanner.ScannerError: {path}: {e}\n"),
+        exit_code: 1,
+        after_s: 0.0,
+    })?;
+    Ok(Some(yaml))
+}
+
+/// The value of each JSON-valued flag given, parsed, by the flag's name.
+fn json_flags(
+    profile: &str,
+    s: &Space,
+    vals: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, serde_json::Value>, Fatal> {
+    let mut jsons: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for p in &s.params {
+        if let Some(f) = &p.json_flag {
+            if let Some(raw) = vals.get(f) {
+                if !jsons.contains_key(f) {
+                    let v: serde_json::Value = serde_json::from_str(raw)
+                        .map_err(|_| bad_value(profile, f, raw, "invalid loads value"))?;
+                    jsons.insert(f.clone(), v);
+                }
+            }
         }
     }
+    Ok(jsons)
+}
+
+/// Fails, as TensorRT-LLM does, when the YAML file `y` sets a key that no parameter reads.
+fn check_yaml_keys(s: &Space, y: &serde_json::Value) -> Result<(), Fatal> {
+    // TorchLlmArgs forbids extra fields.
+    let known: Vec<&str> = s
+        .params
+        .iter()
+        .filter_map(|p| p.yaml_key.as_deref())
+        .collect();
+    let mut leaves = Vec::new();
+    collect_leaves(y, String::new(), &mut leaves);
+    if let Some(extra) = leaves.iter().find(|l| !known.contains(&l.as_str())) {
+        return Err(Fatal {
+            log: format!("pydantic_core._pydantic_core.ValidationError: 1 validation error for TorchLlmArgs\n{extra}\n  Extra inputs are not permitted [type=extra_forbidden]\n"),
+            exit_code: 1,
+            after_s: 0.5,
+        });
+    }
+    Ok(())
+}
+
+/// The context length that the template's fixed arguments set (`{max_model_len}` or
+/// `{ctx_size}`), 8192 when the command line sets neither.
+fn context_length(s: &Space, vals: &BTreeMap<String, String>) -> u64 {
     let vars: BTreeMap<String, i64> = s
         .engine
         .fixed
@@ -509,23 +610,11 @@ pub fn parse(profile: &str, args: &[String], m: &Machine) -> Result<Parsed, Fata
             Some((var.to_owned(), v))
         })
         .collect();
-    let max_model_len = vars
-        .get("max_model_len")
+    vars.get("max_model_len")
         .or(vars.get("ctx_size"))
         .copied()
         .unwrap_or(8192)
-        .max(1) as u64;
-    super::engines::settings(profile, &cfg, max_model_len, m).map(|(settings, banner, oom)| {
-        Parsed::Serve(Box::new(Launch {
-            host,
-            port,
-            model,
-            settings,
-            banner,
-            config: cfg,
-            oom_prefill_tokens: oom,
-        }))
-    })
+        .max(1) as u64
 }
 
 fn collect_leaves(v: &serde_json::Value, prefix: String, out: &mut Vec<String>) {
@@ -546,6 +635,7 @@ fn collect_leaves(v: &serde_json::Value, prefix: String, out: &mut Vec<String>) 
 
 #[cfg(test)]
 mod tests {
+    use super::super::sim::{Hardware, ModelSpec};
     use super::*;
 
     fn machine(hw: &str, version: &str) -> Machine {

@@ -16,11 +16,14 @@ use crate::space::{Config, Kind, Space, Value};
 use crate::tune::eval::RunSpec;
 use crate::tune::opt::{self, key, Algorithm, Obs, Plan};
 use crate::tune::prior::{self, Footprint, Shape};
-use crate::tune::warm::{self, Earlier};
 
 use super::evaluator::{SimEvaluator, SimWorkload};
 use super::profile::Machine;
 use super::sim::{Hardware, ModelSpec};
+
+mod warm;
+
+pub use warm::run_warm;
 
 /// A landscape: a space, a machine, a workload, constraints and noise.
 pub struct Landscape {
@@ -428,158 +431,6 @@ fn trials_to(r: &[f64], optimum: f64) -> f64 {
         .unwrap_or(f64::INFINITY)
 }
 
-/// `servetune search-bench --warm`: a re-tune after a change (an engine upgrade with the same
-/// performance, a new GPU), cold against warm-started with what the daemon's policy
-/// (`tune::warm::select`, at most `top` configurations) takes from a study before the change.
-/// Trials count every measurement, the warm-start ones included.
-pub fn run_warm(opts: &BenchOptions, top: usize) -> Result<String, String> {
-    let ls = landscapes()?;
-    let base = &ls[1]; // vllm 3p, H100 8B, TPOT SLO, 5% noise
-    let six = &ls[2]; // vllm 6p, A100 32B, OOM region
-    let h200 = |l: &Landscape| -> Result<Landscape, String> {
-        Ok(Landscape {
-            name: String::new(),
-            space: l.space.clone(),
-            machine: Machine {
-                hw: Hardware::preset("h200", 16).ok_or("no h200 preset")?,
-                ..l.machine.clone()
-            },
-            workload: l.workload.clone(),
-            limits: l.limits.clone(),
-            noise: l.noise,
-        })
-    };
-    let same = |l: &Landscape| Landscape {
-        name: String::new(),
-        space: l.space.clone(),
-        machine: l.machine.clone(),
-        workload: l.workload.clone(),
-        limits: l.limits.clone(),
-        noise: l.noise,
-    };
-    let scenarios: Vec<(String, &Landscape, Landscape)> = vec![
-        (
-            "vllm 3p, H100 8B: engine upgrade, same performance".into(),
-            base,
-            same(base),
-        ),
-        (
-            "vllm 3p, 8B: GPU change H100 → H200".into(),
-            base,
-            h200(base)?,
-        ),
-        (
-            "vllm 6p, 32B: GPU change A100 → H200".into(),
-            six,
-            h200(six)?,
-        ),
-    ];
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "| change | optimiser | cold: trials to 2% (median) | warm: trials to 2% (median) | cold gap @10 | warm gap @10 | warm faster on |"
-    );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
-    for (name, before, after) in &scenarios {
-        if opts
-            .only
-            .as_ref()
-            .is_some_and(|o| !name.contains(o.as_str()))
-        {
-            continue;
-        }
-        let mut truths_before = HashMap::new();
-        let mut truths = HashMap::new();
-        for kind in [Algorithm::Tpe, Algorithm::Gp] {
-            let mut cold_n = Vec::new();
-            let mut warm_n = Vec::new();
-            let mut cold_runs = Vec::new();
-            let mut warm_runs = Vec::new();
-            for seed in 0..opts.seeds {
-                // The study before the change, to its budget.
-                let (_, hist) = trajectory_warm(
-                    before,
-                    kind,
-                    seed,
-                    opts.budget,
-                    &mut truths_before,
-                    Vec::new(),
-                );
-                // The daemon's policy (`tune::warm`) over what that study left: its
-                // recommendation (here the best feasible trial: validation is not simulated)
-                // and its search trials (every trial here, the baselines among them).
-                let search: Vec<Earlier> = hist
-                    .iter()
-                    .enumerate()
-                    .map(|(i, o)| Earlier {
-                        config: o.config.clone(),
-                        objective: o.value,
-                        from: format!("before #{i}"),
-                    })
-                    .collect();
-                let recommended = search
-                    .iter()
-                    .filter(|e| e.objective.is_some_and(f64::is_finite))
-                    .max_by(|a, b| {
-                        a.objective
-                            .unwrap_or(0.0)
-                            .total_cmp(&b.objective.unwrap_or(0.0))
-                    })
-                    .cloned();
-                let warm: Vec<(Config, String)> =
-                    warm::select(&after.space, recommended, search, top)
-                        .into_iter()
-                        .map(|w| (w.config, w.from))
-                        .collect();
-                let s2 = seed + 1000;
-                cold_runs
-                    .push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, Vec::new()).0);
-                warm_runs.push(trajectory_warm(after, kind, s2, opts.budget, &mut truths, warm).0);
-            }
-            let best = optimum(after, &mut truths, opts.optimum_samples);
-            for (c, w) in cold_runs.iter().zip(&warm_runs) {
-                cold_n.push(trials_to(c, best));
-                warm_n.push(trials_to(w, best));
-            }
-            let faster = cold_n.iter().zip(&warm_n).filter(|(c, w)| w < c).count();
-            let gap = |runs: &[Vec<f64>]| {
-                median(
-                    runs.iter()
-                        .map(|r| {
-                            let v = r.get(9).or(r.last()).copied().unwrap_or(0.0);
-                            100.0 * (1.0 - v / best)
-                        })
-                        .collect(),
-                )
-            };
-            let fmt = |v: f64| {
-                if v.is_finite() {
-                    format!("{v:.0}")
-                } else {
-                    format!("> {}", opts.budget)
-                }
-            };
-            let _ = writeln!(
-                out,
-                "| {name} | {} | {} | {} | {:.1}% | {:.1}% | {faster}/{} seeds |",
-                kind.name(),
-                fmt(median(cold_n.clone())),
-                fmt(median(warm_n.clone())),
-                gap(&cold_runs),
-                gap(&warm_runs),
-                opts.seeds
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "
-({} seeds, budget {} trials, warm start = at most {top} configurations of the study before the change, chosen by the daemon's policy: its best, then its best feasible search trials)",
-        opts.seeds, opts.budget
-    );
-    Ok(out)
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -650,35 +501,81 @@ struct Row {
 /// The trials a study gets by default on this landscape, per budget.
 const CHECKPOINTS: [usize; 3] = [10, 20, 40];
 
+/// Runs every optimiser on `l` and appends the landscape's section of the report to `out`:
+/// the optimum, the priors, then one row per optimiser.
 fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
     let t0 = std::time::Instant::now();
     let grid = opt::reference::Grid::new(l.space.clone(), 0);
     // The grid runs to its end, or to `grid_cap` trials on a large one.
     let grid_budget = (grid.len() + l.space.baselines().len()).min(opts.grid_cap);
     let mut truths: HashMap<String, Option<f64>> = HashMap::new();
-    let mut rows: Vec<Row> = Vec::new();
+    let mut rows = default_rows(l, opts, &mut truths);
+    rows.extend(algorithm_rows(l, opts, grid_budget, &mut truths));
+    let (optimum, points, at) = best_point(l, opts.optimum_samples, &mut truths);
+    let _ = writeln!(
+        out,
+        "\n### {} ({} parameters; optimum {:.0} tok/s over {} distinct configurations; grid {} points)\n",
+        l.name,
+        l.space.params.len(),
+        optimum,
+        points,
+        grid.len()
+    );
+    let _ = writeln!(out, "Optimum at `{at}`.\n");
+    let said: Vec<String> = prior::resolve(&l.space, &[l.shape()], &l.footprint())
+        .1
+        .into_iter()
+        .map(|r| r.note)
+        .collect();
+    if !said.is_empty() {
+        let _ = writeln!(out, "Priors: {}.\n", said.join("; "));
+    }
+    write_rows(out, &rows, optimum);
+    let _ = writeln!(
+        out,
+        "\n({} seeds, budget {} trials (the default row: one study per budget, {}), grid run to its end or {} trials; {:.1} s)",
+        opts.seeds,
+        opts.budget,
+        CHECKPOINTS.map(|c| c.to_string()).join(", "),
+        opts.grid_cap,
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// The default optimiser's name, as the label of its rows shows it.
+fn name_of_default(l: &Landscape) -> String {
     // The default by budget (`opt::default_for`): one name when it is the same at every
     // checkpoint, else each budget's.
     let default_at = |t: usize| opt::default_for(&l.space, t);
-    let default_name = {
-        let names: Vec<&str> = CHECKPOINTS.iter().map(|t| default_at(*t).name()).collect();
-        if names.iter().all(|n| *n == names[0]) {
-            names[0].to_string()
-        } else {
-            CHECKPOINTS
-                .iter()
-                .zip(&names)
-                .map(|(t, n)| format!("{n} at {t}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    };
+    let names: Vec<&str> = CHECKPOINTS.iter().map(|t| default_at(*t).name()).collect();
+    if names.iter().all(|n| *n == names[0]) {
+        names[0].to_string()
+    } else {
+        CHECKPOINTS
+            .iter()
+            .zip(&names)
+            .map(|(t, n)| format!("{n} at {t}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The two rows of the default optimiser, one study per checkpoint budget and seed: plain, and
+/// with the importance phase before the search.
+fn default_rows(
+    l: &Landscape,
+    opts: &BenchOptions,
+    truths: &mut HashMap<String, Option<f64>>,
+) -> Vec<Row> {
+    let default_at = |t: usize| opt::default_for(&l.space, t);
+    let default_name = name_of_default(l);
+    let mut rows: Vec<Row> = Vec::new();
     {
         let mut at = vec![Vec::new(); CHECKPOINTS.len()];
         let mut runs = Vec::new();
         for s in 0..opts.seeds {
             for (i, t) in CHECKPOINTS.iter().enumerate() {
-                let r = trajectory(l, default_at(*t), s, *t, &mut truths);
+                let r = trajectory(l, default_at(*t), s, *t, truths);
                 at[i].push(r.last().copied().unwrap_or(0.0));
                 if i + 1 == CHECKPOINTS.len() {
                     runs.push(r);
@@ -698,7 +595,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
         let mut runs = Vec::new();
         for s in 0..opts.seeds {
             for (i, t) in CHECKPOINTS.iter().enumerate() {
-                let r = trajectory_oat(l, default_at(*t), s, *t, &mut truths);
+                let r = trajectory_oat(l, default_at(*t), s, *t, truths);
                 at[i].push(
                     r.as_ref()
                         .map_or(f64::NAN, |r| r.last().copied().unwrap_or(0.0)),
@@ -714,6 +611,17 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             at,
         });
     }
+    rows
+}
+
+/// One row per optimiser, each run to the benchmark's budget (the grid to its own).
+fn algorithm_rows(
+    l: &Landscape,
+    opts: &BenchOptions,
+    grid_budget: usize,
+    truths: &mut HashMap<String, Option<f64>>,
+) -> Vec<Row> {
+    let mut rows: Vec<Row> = Vec::new();
     for kind in Algorithm::ALL {
         let n = if kind == Algorithm::Grid {
             grid_budget
@@ -721,7 +629,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             opts.budget
         };
         let runs: Vec<Vec<f64>> = (0..opts.seeds)
-            .map(|s| trajectory(l, kind, s, n, &mut truths))
+            .map(|s| trajectory(l, kind, s, n, truths))
             .collect();
         let at = CHECKPOINTS
             .iter()
@@ -737,11 +645,22 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             at,
         });
     }
+    rows
+}
+
+/// The optimum over every point measured so far (`truths`, grid included) and a random sample
+/// of `samples` points: its value, the number of distinct points and the best point's key.
+/// Leaves `truths` empty.
+fn best_point(
+    l: &Landscape,
+    samples: usize,
+    truths: &mut HashMap<String, Option<f64>>,
+) -> (f64, usize, String) {
     // The optimum: every point measured so far (grid included) and a random sample.
     let mut o = Oracle::new(l, 0);
-    std::mem::swap(&mut o.cache, &mut truths);
+    std::mem::swap(&mut o.cache, truths);
     let mut rng = opt::rng_for(0x0971, 0);
-    for _ in 0..opts.optimum_samples {
+    for _ in 0..samples {
         if let Ok(c) = l.space.sample(&mut rng) {
             o.truth(&c);
         }
@@ -759,24 +678,12 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(k, _)| k.clone())
         .unwrap_or_default();
-    let _ = writeln!(
-        out,
-        "\n### {} ({} parameters; optimum {:.0} tok/s over {} distinct configurations; grid {} points)\n",
-        l.name,
-        l.space.params.len(),
-        optimum,
-        points,
-        grid.len()
-    );
-    let _ = writeln!(out, "Optimum at `{at}`.\n");
-    let said: Vec<String> = prior::resolve(&l.space, &[l.shape()], &l.footprint())
-        .1
-        .into_iter()
-        .map(|r| r.note)
-        .collect();
-    if !said.is_empty() {
-        let _ = writeln!(out, "Priors: {}.\n", said.join("; "));
-    }
+    (optimum, points, at)
+}
+
+/// Appends the table of `rows` to `out`: per optimiser, trials to within 2% of `optimum`
+/// (median), the gaps at the checkpoints (median) and on how many seeds it beat random.
+fn write_rows(out: &mut String, rows: &[Row], optimum: f64) {
     let _ = writeln!(
         out,
         "| optimiser | trials to 2% (median) | gap @10 | gap @20 | gap @40 | beats random @10 | beats random @20 | beats random @40 |"
@@ -787,7 +694,7 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
         .find(|r| r.name == Algorithm::Random.name())
         .map(|r| r.at.clone())
         .unwrap_or_default();
-    for row in &rows {
+    for row in rows {
         let within: Vec<f64> = row.runs.iter().map(|r| trials_to(r, optimum)).collect();
         let med = median(within);
         let refused = |i: usize| row.at[i].iter().any(|v| v.is_nan());
@@ -831,13 +738,4 @@ fn table(l: &Landscape, opts: &BenchOptions, out: &mut String) {
             beats(2),
         );
     }
-    let _ = writeln!(
-        out,
-        "\n({} seeds, budget {} trials (the default row: one study per budget, {}), grid run to its end or {} trials; {:.1} s)",
-        opts.seeds,
-        opts.budget,
-        CHECKPOINTS.map(|c| c.to_string()).join(", "),
-        opts.grid_cap,
-        t0.elapsed().as_secs_f64()
-    );
 }

@@ -4,11 +4,10 @@
 //! intervals), then the environment, the engines, every option explored with its effect, the
 //! failures and early stops, the full "Serving Benchmark Result" blocks, and charts (SVG).
 
+mod data;
 mod html;
+mod markdown;
 pub mod svg;
-
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -20,9 +19,12 @@ use crate::bench::output::{vllm_block, RunInfo};
 use crate::space::{Config, Value};
 use crate::store::{Store, StoreError};
 use crate::tune::decide::{CheckState, Comparison};
-use crate::tune::records::{Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus};
+use crate::tune::records::{Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 use crate::tune::significance::Diff;
 use svg::{Mark, XAxis};
+
+pub use data::build;
+pub use markdown::markdown;
 
 #[derive(Debug, Error)]
 pub enum ReportError {
@@ -104,38 +106,6 @@ pub struct EngineRow {
     pub trials: usize,
 }
 
-/// What the report needs from the stored study file: the model and the workloads (primary
-/// first). Parsed once, without the checks of `Study::parse` (which also
-/// needs the dataset files, and a report must work after they are gone).
-struct SpecView {
-    model: String,
-    workloads: Vec<(String, Vec<String>)>,
-}
-
-fn spec_view(text: &str) -> SpecView {
-    match toml::from_str::<crate::tune::spec::StudySpec>(text) {
-        Ok(s) => {
-            let mut w: Vec<(String, Vec<String>)> = s
-                .workloads
-                .iter()
-                .map(|w| (w.name.clone(), w.args.clone()))
-                .collect();
-            if let Some(i) = s.workloads.iter().position(|w| w.primary) {
-                let p = w.remove(i);
-                w.insert(0, p);
-            }
-            SpecView {
-                model: s.study.model,
-                workloads: w,
-            }
-        }
-        Err(_) => SpecView {
-            model: String::new(),
-            workloads: Vec::new(),
-        },
-    }
-}
-
 /// The parameter names the search trials set, sorted.
 fn param_names(search: &[&TrialRecord]) -> Vec<String> {
     let mut names: Vec<String> = search
@@ -149,191 +119,6 @@ fn param_names(search: &[&TrialRecord]) -> Vec<String> {
 
 fn show(v: &Value) -> String {
     v.to_string()
-}
-
-/// Collects everything the report shows.
-pub fn build(store: &Store, id: &str) -> Result<ReportData, ReportError> {
-    let records = Records::new(store.clone());
-    let rec: StudyRecord = records
-        .study(id)?
-        .ok_or_else(|| ReportError::NoStudy(id.into()))?;
-    let trials = records.trials(id)?;
-    if trials.is_empty() {
-        return Err(ReportError::Empty(id.into()));
-    }
-    let SpecView { model, workloads } = spec_view(&rec.spec_text);
-    let outcome = rec.outcome.clone();
-    let search: Vec<&TrialRecord> = trials
-        .iter()
-        .filter(|t| t.kind == TrialKind::Search)
-        .collect();
-    let baseline_trial = outcome
-        .as_ref()
-        .map(|o| o.baseline_trial)
-        .or(search.first().map(|t| t.seq));
-    let recommended_trial = outcome.as_ref().and_then(|o| o.recommended);
-    let leader_trial = outcome.as_ref().and_then(|o| o.recommended.or(o.leader));
-    // Commands to serve with (port 8000), as a person would type them.
-    let cmd_of = |seq: Option<u32>| {
-        seq.and_then(|s| trials.iter().find(|t| t.seq == s))
-            .and_then(|t| t.command.as_ref())
-            .map(|c| c.serving().display())
-    };
-    // Conclusion rows: the gate's own checks of the leader against the defaults (the report
-    // shows the decision; it never makes one).
-    let rows: Vec<Row> = outcome
-        .as_ref()
-        .map(|o| {
-            o.checks
-                .iter()
-                .map(|c| Row {
-                    workload: c.workload.clone(),
-                    metric: c.label.clone(),
-                    higher_is_better: c.higher_is_better,
-                    baseline: c.baseline.clone(),
-                    recommended: c.candidate.clone(),
-                    diff: c.diff.clone(),
-                    regression: c.state == CheckState::Regression,
-                    state: c.state,
-                    gate: c.gate,
-                    note: c.note.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    // Every option explored: per parameter, per value (numeric: per distinct value, or four
-    // ranges when there are many).
-    let base_obj = baseline_trial
-        .and_then(|b| trials.iter().find(|t| t.seq == b))
-        .and_then(|t| t.objective);
-    let names = param_names(&search);
-    let mut options = Vec::new();
-    for name in &names {
-        let with: Vec<(&Value, &TrialRecord)> = search
-            .iter()
-            .filter_map(|t| t.config.get(name).map(|v| (v, *t)))
-            .collect();
-        let numeric = with
-            .iter()
-            .all(|(v, _)| matches!(v, Value::Int(_) | Value::Float(_)));
-        let num = |v: &Value| match v {
-            Value::Int(i) => *i as f64,
-            Value::Float(f) => *f,
-            _ => 0.0,
-        };
-        let mut distinct: Vec<String> = with.iter().map(|(v, _)| show(v)).collect();
-        distinct.sort();
-        distinct.dedup();
-        let groups: Vec<(String, Vec<&TrialRecord>)> = if numeric && distinct.len() > 6 {
-            let mut vals: Vec<f64> = with.iter().map(|(v, _)| num(v)).collect();
-            vals.sort_by(f64::total_cmp);
-            let q = |p: f64| vals[((vals.len() - 1) as f64 * p).round() as usize];
-            let edges = [q(0.0), q(0.25), q(0.5), q(0.75), q(1.0)];
-            (0..4)
-                .map(|i| {
-                    let (lo, hi) = (edges[i], edges[i + 1]);
-                    let ts = with
-                        .iter()
-                        .filter(|(v, _)| {
-                            let x = num(v);
-                            x >= lo && (x < hi || (i == 3 && x <= hi))
-                        })
-                        .map(|(_, t)| *t)
-                        .collect();
-                    (format!("{}–{}", fmt_num(lo), fmt_num(hi)), ts)
-                })
-                .collect()
-        } else {
-            distinct
-                .iter()
-                .map(|d| {
-                    (
-                        d.clone(),
-                        with.iter()
-                            .filter(|(v, _)| &show(v) == d)
-                            .map(|(_, t)| *t)
-                            .collect(),
-                    )
-                })
-                .collect()
-        };
-        for (value, ts) in groups {
-            if ts.is_empty() {
-                continue;
-            }
-            let best = ts
-                .iter()
-                .filter_map(|t| {
-                    t.objective
-                        .or(t.screen_objective)
-                        .filter(|_| t.status == TrialStatus::Ok)
-                })
-                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))));
-            options.push(OptionRow {
-                param: name.clone(),
-                value,
-                trials: ts.len(),
-                failed: ts
-                    .iter()
-                    .filter(|t| t.status == TrialStatus::Failed)
-                    .count(),
-                infeasible: ts
-                    .iter()
-                    .filter(|t| t.status == TrialStatus::Infeasible)
-                    .count(),
-                effect_pct: match (best, base_obj) {
-                    (Some(b), Some(base)) if base != 0.0 => Some(100.0 * (b / base - 1.0)),
-                    _ => None,
-                },
-                best,
-            });
-        }
-    }
-    // Engines: defaults and best per engine.
-    let mut engines: BTreeMap<String, EngineRow> = BTreeMap::new();
-    for t in &search {
-        let e = t.engine.clone().unwrap_or_else(|| "?".into());
-        let row = engines.entry(e.clone()).or_insert(EngineRow {
-            engine: e.clone(),
-            version: rec.engine_versions.get(&e).cloned().flatten(),
-            defaults: None,
-            best: None,
-            trials: 0,
-        });
-        row.trials += 1;
-        if t.defaults || Some(t.seq) == baseline_trial {
-            row.defaults = t.objective;
-        }
-        if let Some(v) = t.objective {
-            row.best = Some(row.best.map_or(v, |b: f64| b.max(v)));
-        }
-    }
-    Ok(ReportData {
-        model,
-        workloads,
-        baseline_trial,
-        recommended_trial,
-        leader_trial,
-        recommended_command: outcome
-            .as_ref()
-            .and_then(|o| o.recommended_command.as_ref())
-            .map(|c| c.display())
-            .or_else(|| cmd_of(recommended_trial)),
-        baseline_command: cmd_of(baseline_trial),
-        rows,
-        options,
-        engines: engines.into_values().collect(),
-        trials,
-        study: rec,
-    })
-}
-
-fn fmt_num(x: f64) -> String {
-    if x.fract() == 0.0 && x.abs() < 1e15 {
-        format!("{}", x as i64)
-    } else {
-        format!("{x:.3}")
-    }
 }
 
 fn pm(d: &Diff) -> String {
@@ -539,269 +324,6 @@ fn block_of(d: &ReportData, seq: u32) -> Option<String> {
     Some(vllm_block(&s, &run_info(d, 0)))
 }
 
-/// The Markdown report. `embed_charts` puts the SVGs inline (for HTML); else they are listed
-/// as files written next to the report.
-pub fn markdown(d: &ReportData, chart_files: &[(String, String)]) -> String {
-    let mut o = String::new();
-    let rec = &d.study;
-    let _ = writeln!(o, "# servetune report: {}\n", rec.id);
-    // Conclusion first.
-    let _ = writeln!(o, "## Conclusion\n");
-    match &rec.outcome {
-        Some(out) => {
-            let _ = writeln!(o, "{}\n", out.verdict);
-            if let Some(c) = &d.recommended_command {
-                let _ = writeln!(o, "Recommended command:\n\n```sh\n{c}\n```\n");
-            } else if let Some(c) = &d.baseline_command {
-                let _ = writeln!(o, "Keep the defaults:\n\n```sh\n{c}\n```\n");
-            }
-        }
-        None => {
-            let _ = writeln!(
-                o,
-                "The study has not finished (phase: {:?}); what follows is the state so far.\n",
-                rec.phase
-            );
-        }
-    }
-    if !d.rows.is_empty() {
-        let column = leader_column(d);
-        let _ = writeln!(
-            o,
-            "| workload | metric | baseline #{} (mean ± 95% CI) | {column} | change [95% CI] |",
-            d.baseline_trial.unwrap_or(0),
-        );
-        let _ = writeln!(o, "|---|---|---|---|---|");
-        for r in &d.rows {
-            let change = change_text(r);
-            let change = match (r.state, r.gate) {
-                (CheckState::Regression, _) => format!("**{change} {}**", r.state.label()),
-                (CheckState::Inconclusive, _) => format!("{change} *{}*", r.state.label()),
-                (CheckState::Ok, true) => format!("{change} ({})", r.state.label()),
-                _ => change,
-            };
-            let _ = writeln!(
-                o,
-                "| {} | {} | {} | {} | {} |",
-                r.workload,
-                r.metric,
-                mean_ci(&r.baseline),
-                mean_ci(&r.recommended),
-                change
-            );
-        }
-        let _ = writeln!(o);
-    }
-    if let Some(out) = &rec.outcome {
-        if !out.comparisons.is_empty() {
-            let _ = writeln!(
-                o,
-                "Candidates re-measured against the baseline (interleaved rounds):\n"
-            );
-            let _ = writeln!(o, "| trial | change of the objective [95% CI] | note |");
-            let _ = writeln!(o, "|---|---|---|");
-            let level = level_of(&rec.spec_text);
-            for c in &out.comparisons {
-                let (value, note) = comparison_cells(c, level);
-                let _ = writeln!(o, "| #{} | {value} | {note} |", c.candidate);
-            }
-            let _ = writeln!(o);
-        }
-    }
-    if let Some(out) = &rec.outcome {
-        if out.rounds.remeasure > 0 || out.rounds.validation > 0 {
-            let _ = writeln!(
-                o,
-                "Rounds: {} interleaved re-measurement round(s) on the primary workload, {} validation round(s) per other workload; stopped because {}.\n",
-                out.rounds.remeasure, out.rounds.validation, out.rounds.why
-            );
-        }
-    }
-    // Environment.
-    let _ = writeln!(o, "## Environment\n");
-    let _ = writeln!(o, "- model: `{}`", d.model);
-    let _ = writeln!(o, "- hardware: {}", rec.hardware);
-    for (e, v) in &rec.engine_versions {
-        let _ = writeln!(
-            o,
-            "- engine: {e} {}",
-            v.as_deref().unwrap_or("(version unknown)")
-        );
-    }
-    if !rec.dropped_flags.is_empty() {
-        let _ = writeln!(
-            o,
-            "- flags the installed engine lacks (not searched): {}",
-            rec.dropped_flags.join(", ")
-        );
-    }
-    let _ = writeln!(o, "- trigger: {}", rec.trigger);
-    let _ = writeln!(
-        o,
-        "- search stopped: {}",
-        rec.stop_reason.as_deref().unwrap_or("(running)")
-    );
-    if let Some(out) = &rec.outcome {
-        let _ = writeln!(
-            o,
-            "- objective: {}; {} search trials, {} screened only; benchmark time {:.0} s, {:.0} s saved by screening",
-            out.metric, out.search_trials, out.screened_only, out.bench_s, out.saved_s
-        );
-    }
-    let _ = writeln!(
-        o,
-        "\nWorkloads (load-generator settings, `servetune bench` flags):\n"
-    );
-    for (i, (name, args)) in d.workloads.iter().enumerate() {
-        let _ = writeln!(
-            o,
-            "- {}{}: `{}`",
-            name,
-            if i == 0 { " (primary)" } else { "" },
-            args.join(" ")
-        );
-    }
-    // Engines.
-    let _ = writeln!(o, "\n## Engine selection\n");
-    let _ = writeln!(o, "| engine | version | defaults | best found | trials |");
-    let _ = writeln!(o, "|---|---|---|---|---|");
-    for e in &d.engines {
-        let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            o,
-            "| {} | {} | {} | {} | {} |",
-            e.engine,
-            e.version.as_deref().unwrap_or("?"),
-            f(e.defaults),
-            f(e.best),
-            e.trials
-        );
-    }
-    // What mattered.
-    let phase = one_at_a_time(d);
-    let estimate = importance(d);
-    if phase.is_some() || estimate.is_some() {
-        let _ = writeln!(o, "\n## What mattered\n");
-    }
-    if let Some((intro, rows)) = phase {
-        let _ = writeln!(o, "### One at a time from the defaults\n");
-        let _ = writeln!(o, "{intro}\n");
-        let _ = writeln!(
-            o,
-            "| option | moved to | objective | latency | for the search |"
-        );
-        let _ = writeln!(o, "|---|---|---|---|---|");
-        for r in rows {
-            let _ = writeln!(o, "| {} |", r.join(" | "));
-        }
-        if estimate.is_some() {
-            let _ = writeln!(o, "\n### Around the best trial\n");
-        }
-    }
-    if let Some((intro, rows)) = estimate {
-        let _ = writeln!(o, "{intro}\n");
-        let _ = writeln!(o, "| option | effect around the best | beyond the noise |");
-        let _ = writeln!(o, "|---|---|---|");
-        for (param, effect, measurable) in rows {
-            let _ = writeln!(o, "| {param} | {effect} | {measurable} |");
-        }
-    }
-    // Options.
-    let _ = writeln!(o, "\n## Options explored\n");
-    let _ = writeln!(
-        o,
-        "| option | value | trials | failed | infeasible | best | vs baseline |"
-    );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
-    for r in &d.options {
-        let _ = writeln!(
-            o,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            r.param,
-            r.value,
-            r.trials,
-            r.failed,
-            r.infeasible,
-            r.best
-                .map(|v| format!("{v:.2}"))
-                .unwrap_or_else(|| "-".into()),
-            r.effect_pct
-                .map(|v| format!("{v:+.1}%"))
-                .unwrap_or_else(|| "-".into())
-        );
-    }
-    // Trials.
-    let _ = writeln!(o, "\n## Trials\n");
-    let _ = writeln!(
-        o,
-        "| # | kind | status | objective | screen | configuration |"
-    );
-    let _ = writeln!(o, "|---|---|---|---|---|---|");
-    for t in &d.trials {
-        let kind = t.kind.label();
-        let f = |x: Option<f64>| x.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            o,
-            "| {} | {} | {} | {} | {} | {} |",
-            t.seq,
-            kind,
-            format!("{:?}", t.status).to_lowercase(),
-            f(t.objective),
-            f(t.screen_objective),
-            config_text(&t.config)
-        );
-    }
-    let failures: Vec<&TrialRecord> = d.trials.iter().filter(|t| t.failure.is_some()).collect();
-    if !failures.is_empty() {
-        let _ = writeln!(o, "\n## Failures\n");
-        for t in failures {
-            let f = t.failure.as_ref().expect("filtered");
-            let _ = writeln!(
-                o,
-                "- #{} **{}**: {}",
-                t.seq,
-                f.class,
-                crate::util::excerpt(&f.evidence, 300)
-            );
-            if let Some(c) = &t.command {
-                let _ = writeln!(o, "  - command: `{}`", c.display());
-            }
-        }
-    }
-    let disturbed = disturbed_lines(d);
-    if !disturbed.is_empty() {
-        let _ = writeln!(o, "\n## Runs replaced or set aside\n");
-        for line in disturbed {
-            let _ = writeln!(o, "- {line}");
-        }
-    }
-    let stops: Vec<&TrialRecord> = d.trials.iter().filter(|t| t.early_stop.is_some()).collect();
-    if !stops.is_empty() {
-        let _ = writeln!(o, "\n## Early stops and missed constraints\n");
-        for t in stops {
-            let _ = writeln!(o, "- #{}: {}", t.seq, t.early_stop.as_deref().unwrap_or(""));
-        }
-    }
-    // Benchmark blocks.
-    let _ = writeln!(
-        o,
-        "\n## Serving Benchmark Result blocks ({})\n",
-        primary_name(d)
-    );
-    for (label, seq, b) in blocks(d) {
-        let _ = writeln!(o, "{label} (#{seq}):\n\n```\n{b}```\n");
-    }
-    if !chart_files.is_empty() {
-        let _ = writeln!(o, "## Charts\n");
-        for (name, path) in chart_files {
-            let _ = writeln!(o, "![{name}]({path})");
-        }
-    }
-    o
-}
-
-/// The conclusion table's column for the leader: "recommended" only when the gate recommended
-/// it.
 /// One row of "what mattered": the option, its effect, whether it is beyond the noise.
 type ImportanceRow = (String, String, &'static str);
 
@@ -884,6 +406,8 @@ fn one_at_a_time(d: &ReportData) -> Option<(String, Vec<[String; 5]>)> {
     Some((intro, rows))
 }
 
+/// The conclusion table's column for the leader: "recommended" only when the gate recommended
+/// it.
 fn leader_column(d: &ReportData) -> String {
     match (d.recommended_trial, d.leader_trial) {
         (Some(r), _) => format!("recommended #{r}"),

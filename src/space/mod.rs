@@ -9,6 +9,7 @@
 //! probing in `joint`. No I/O beyond reading the file.
 
 mod joint;
+mod parse;
 pub mod prior;
 mod render;
 pub mod text;
@@ -323,31 +324,6 @@ pub const PLATFORMS: &[&str] = &["cpu", "gpu"];
 /// (`engine::failure` classifies start-up logs with them).
 pub const FAILURE_CLASSES: &[&str] = &["oom", "unsupported", "bad_flag", "port_in_use"];
 
-/// The keys a `[[param]]` table may have (serde cannot deny unknown ones through `flatten`).
-const PARAM_KEYS: &[&str] = &[
-    "name",
-    "flag",
-    "env",
-    "yaml_key",
-    "json_flag",
-    "json_key",
-    "type",
-    "min",
-    "max",
-    "log",
-    "step",
-    "values",
-    "default",
-    "render",
-    "when",
-    "source",
-    "since",
-    "until",
-    "platform",
-    "platform_default",
-    "prior",
-];
-
 /// Compares engine versions in PEP 440 order (vLLM, SGLang and TensorRT-LLM are Python
 /// packages): the release numbers numerically (`0.10.2` > `0.9.12`), then a development
 /// release before a pre-release before the release before a post-release
@@ -453,16 +429,6 @@ fn default_repair() -> String {
     "clamp".into()
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-struct RawFile {
-    engine: EngineMeta,
-    #[serde(default, rename = "param")]
-    params: Vec<toml::Spanned<Param>>,
-    #[serde(default, rename = "constraint")]
-    constraints: Vec<toml::Spanned<Constraint>>,
-}
-
 /// A validated search space: one engine's, or (see `Space::joint`) several engines' behind an
 /// `engine` choice parameter.
 #[derive(Debug, Clone)]
@@ -474,10 +440,6 @@ pub struct Space {
     pub vars: BTreeMap<String, i64>,
     /// For a joint space: the engines' own spaces, in the order of the `engine` values.
     pub members: Vec<Space>,
-}
-
-fn line_of(text: &str, offset: usize) -> usize {
-    text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
 /// The name of the study variable in `{name}`, if `s` is one.
@@ -530,219 +492,6 @@ impl Space {
             .collect();
         v.sort();
         v
-    }
-
-    /// Parses and validates; every error names the file, the line and the field.
-    pub fn parse(text: &str, path: &str) -> Result<Space, SpaceError> {
-        let invalid = |line: usize, message: String| SpaceError::Invalid {
-            path: path.to_owned(),
-            line,
-            message,
-        };
-        let raw: RawFile = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
-            invalid(line, e.message().to_owned())
-        })?;
-        // Unknown keys inside [[param]] (serde's `flatten` lets them through).
-        if let Ok(toml::Value::Table(t)) = toml::from_str::<toml::Value>(text) {
-            if let Some(toml::Value::Array(ps)) = t.get("param") {
-                for (i, p) in ps.iter().enumerate() {
-                    let Some(p) = p.as_table() else { continue };
-                    if let Some(k) = p.keys().find(|k| !PARAM_KEYS.contains(&k.as_str())) {
-                        let line = raw
-                            .params
-                            .get(i)
-                            .map_or(0, |s| line_of(text, s.span().start));
-                        return Err(invalid(
-                            line,
-                            format!(
-                                "param {:?}: unknown field `{k}` (known: {})",
-                                p.get("name").and_then(|n| n.as_str()).unwrap_or("?"),
-                                PARAM_KEYS.join(", ")
-                            ),
-                        ));
-                    }
-                }
-            }
-        }
-        let engine_line = line_of(text, text.find("[engine").unwrap_or(0));
-        let mut names = BTreeMap::new();
-        for p in &raw.params {
-            let line = line_of(text, p.span().start);
-            let q = p.get_ref();
-            let bad = |m: String| invalid(line, format!("param {:?}: {m}", q.name));
-            if names.insert(q.name.clone(), line).is_some() {
-                return Err(bad("defined twice".into()));
-            }
-            if q.name == "engine" || q.name.contains('.') {
-                return Err(bad("`engine` and names with a dot are reserved".into()));
-            }
-            let carriers = [
-                q.flag.is_some(),
-                q.yaml_key.is_some(),
-                q.json_flag.is_some(),
-            ]
-            .iter()
-            .filter(|b| **b)
-            .count();
-            if carriers > 1 {
-                return Err(bad(
-                    "has more than one of `flag`, `yaml_key`, `json_flag`".into()
-                ));
-            }
-            if carriers == 0 && q.env.is_none() {
-                return Err(bad(
-                    "needs a `flag`, `env`, `yaml_key` or `json_flag`".into()
-                ));
-            }
-            if q.json_flag.is_some() != q.json_key.is_some() {
-                return Err(bad("`json_flag` and `json_key` go together".into()));
-            }
-            if q.yaml_key.is_some() && raw.engine.yaml_flag.is_none() {
-                return Err(bad(
-                    "has a `yaml_key` but [engine] has no `yaml_flag`".into()
-                ));
-            }
-            if q.source.trim().is_empty() {
-                return Err(bad(
-                    "`source` must say where the flag and its default come from".into(),
-                ));
-            }
-            validate_kind(q).map_err(bad)?;
-            if let Some(pr) = &q.prior {
-                let vars: Vec<&str> = raw.engine.vars.keys().map(String::as_str).collect();
-                pr.at(q, &vars).map_err(bad)?;
-            }
-            if let Some(pl) = &q.platform {
-                if !PLATFORMS.contains(&pl.as_str()) {
-                    return Err(bad(format!(
-                        "`platform` {pl:?} is not one of {}",
-                        PLATFORMS.join(", ")
-                    )));
-                }
-            }
-            for (pl, v) in &q.platform_default {
-                if !PLATFORMS.contains(&pl.as_str()) {
-                    return Err(bad(format!(
-                        "`platform_default` names {pl:?}, not one of {}",
-                        PLATFORMS.join(", ")
-                    )));
-                }
-                if q.fit(v).as_ref() != Some(v) {
-                    return Err(bad(format!(
-                        "`platform_default.{pl}` {v} is not a value of the parameter"
-                    )));
-                }
-            }
-        }
-        for p in &raw.params {
-            for dep in p.get_ref().when.keys() {
-                if !names.contains_key(dep) {
-                    return Err(invalid(
-                        line_of(text, p.span().start),
-                        format!(
-                            "param {:?}: `when` names unknown parameter {dep:?}",
-                            p.get_ref().name
-                        ),
-                    ));
-                }
-            }
-        }
-        for c in &raw.constraints {
-            let line = line_of(text, c.span().start);
-            let k = c.get_ref();
-            if !names.contains_key(&k.lhs) {
-                return Err(invalid(
-                    line,
-                    format!("constraint: unknown parameter {:?} in `lhs`", k.lhs),
-                ));
-            }
-            let rhs_ok = names.contains_key(&k.rhs)
-                || k.rhs.parse::<i64>().is_ok()
-                || var_ref(&k.rhs).is_some_and(|v| raw.engine.vars.contains_key(v));
-            if !rhs_ok {
-                return Err(invalid(
-                    line,
-                    format!(
-                        "constraint: `rhs` {:?} is not a parameter, an integer or a variable of [engine.vars] ({})",
-                        k.rhs,
-                        raw.engine.vars.keys().map(|v| format!("{{{v}}}")).collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-            if let Some(dep) = k.when.keys().find(|d| !names.contains_key(*d)) {
-                return Err(invalid(
-                    line,
-                    format!("constraint: `when` names unknown parameter {dep:?}"),
-                ));
-            }
-            if k.op != "<=" && k.op != ">=" {
-                return Err(invalid(
-                    line,
-                    format!("constraint: op must be \"<=\" or \">=\", got {:?}", k.op),
-                ));
-            }
-            if k.repair != "clamp" && k.repair != "reject" {
-                return Err(invalid(
-                    line,
-                    format!(
-                        "constraint: repair must be \"clamp\" or \"reject\", got {:?}",
-                        k.repair
-                    ),
-                ));
-            }
-        }
-        for k in raw.engine.failures.keys() {
-            if !FAILURE_CLASSES.contains(&k.as_str()) {
-                return Err(invalid(
-                    line_of(text, text.find("[engine.failures]").unwrap_or(0)),
-                    format!(
-                        "engine.failures: unknown class {k:?} (one of {:?})",
-                        FAILURE_CLASSES
-                    ),
-                ));
-            }
-        }
-        if let Some(k) = raw
-            .engine
-            .metrics
-            .keys()
-            .find(|k| !METRIC_KEYS.contains(&k.as_str()))
-        {
-            return Err(invalid(
-                line_of(text, text.find("[engine.metrics]").unwrap_or(0)),
-                format!("engine.metrics: unknown metric {k:?} (one of {METRIC_KEYS:?})"),
-            ));
-        }
-        if !raw.engine.argv.iter().any(|a| a.contains("{binary}")) {
-            return Err(invalid(
-                engine_line,
-                "engine.argv must contain {binary}".into(),
-            ));
-        }
-        for (what, s) in [
-            ("health", &raw.engine.health),
-            ("models", &raw.engine.models),
-        ] {
-            if !s.starts_with('/') {
-                return Err(invalid(
-                    engine_line,
-                    format!("engine.{what} must be a path starting with '/', got {s:?}"),
-                ));
-            }
-        }
-        let vars = raw.engine.vars.clone();
-        Ok(Space {
-            engine: raw.engine,
-            params: raw.params.into_iter().map(|p| p.into_inner()).collect(),
-            constraints: raw
-                .constraints
-                .into_iter()
-                .map(|c| c.into_inner())
-                .collect(),
-            vars,
-            members: Vec::new(),
-        })
     }
 
     /// Adds a study's environment to every launch (over the engine file's own `env`).
@@ -1015,64 +764,6 @@ pub fn round_float(x: f64) -> f64 {
     }
     let scale = 10f64.powi(2 - x.abs().log10().floor() as i32);
     (x * scale).round() / scale
-}
-
-fn validate_kind(q: &Param) -> Result<(), String> {
-    match (&q.kind, &q.default) {
-        (
-            Kind::Int {
-                min,
-                max,
-                log,
-                step,
-            },
-            d,
-        ) => {
-            if min > max {
-                return Err(format!("min {min} > max {max}"));
-            }
-            if *log && *min <= 0 {
-                return Err("a log-scale range needs min > 0".into());
-            }
-            if step.is_some_and(|s| s <= 0) {
-                return Err("step must be > 0".into());
-            }
-            if !matches!(d, Value::Int(_)) {
-                return Err(format!("default {d} is not an integer"));
-            }
-        }
-        (Kind::Float { min, max, log }, d) => {
-            if !(min.is_finite() && max.is_finite()) || min > max {
-                return Err(format!("invalid range [{min}, {max}]"));
-            }
-            if *log && *min <= 0.0 {
-                return Err("a log-scale range needs min > 0".into());
-            }
-            if !matches!(d, Value::Float(_) | Value::Int(_)) {
-                return Err(format!("default {d} is not a number"));
-            }
-        }
-        (Kind::Categorical { values }, d) => {
-            if values.is_empty() {
-                return Err("`values` is empty".into());
-            }
-            if !values.iter().any(|v| *v == d.to_string()) {
-                return Err(format!("default {d:?} is not one of {values:?}"));
-            }
-        }
-        (Kind::Bool, d) => {
-            if !matches!(d, Value::Bool(_)) {
-                return Err(format!("default {d} is not a boolean"));
-            }
-        }
-    }
-    if matches!(q.render, Render::Switch | Render::Present) && !matches!(q.kind, Kind::Bool) {
-        return Err("render `switch`/`present` is for booleans".into());
-    }
-    if q.render != Render::Space && q.flag.is_none() {
-        return Err("`render` applies to a `flag`".into());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

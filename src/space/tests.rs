@@ -653,19 +653,24 @@ fn a_stored_command_reads_in_both_schemas() {
     assert!(bad.to_string().contains("unbalanced quotes"), "{bad}");
 }
 
+/// MINI with a `prior` line `batch` added to the numeric parameter and `mode` to the choice
+/// one (an empty string adds nothing).
+fn with_priors(batch: &str, mode: &str) -> String {
+    MINI.replace(
+        "default = 2048\nsource = \"test\"",
+        &format!("default = 2048\nsource = \"test\"\n{batch}"),
+    )
+    .replace(
+        "when = { cb = true }\nsource = \"test\"",
+        &format!("when = {{ cb = true }}\nsource = \"test\"\n{mode}"),
+    )
+}
+
+/// Priors parse: a target that scales a study variable, a lower bound, and a condition on a
+/// variable that holds only above its bound.
 #[test]
-fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
-    let with = |batch: &str, mode: &str| {
-        MINI.replace(
-            "default = 2048\nsource = \"test\"",
-            &format!("default = 2048\nsource = \"test\"\n{batch}"),
-        )
-        .replace(
-            "when = { cb = true }\nsource = \"test\"",
-            &format!("when = {{ cb = true }}\nsource = \"test\"\n{mode}"),
-        )
-    };
-    let ok = with(
+fn priors_parse_into_targets_lower_bounds_and_conditions() {
+    let ok = with_priors(
         r#"prior = { at = "{concurrency}*2", source = "slots" }"#,
         r#"prior = { at = "b", source = "b is faster" }"#,
     );
@@ -682,12 +687,12 @@ fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
             false
         )
     );
-    let at_least = with(
+    let at_least = with_priors(
         r#"prior = { at_least = "{prompt_tokens}", source = "s" }"#,
         "",
     );
     let s = Space::parse(&at_least, "p.toml").unwrap();
-    let cond = with(
+    let cond = with_priors(
         r#"prior = { at = 64, if = "{weights_share} > 0.5", source = "s" }"#,
         "",
     );
@@ -712,6 +717,13 @@ fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
             .unwrap()
             .1
     );
+}
+
+/// A bad prior (an unknown variable, a value the parameter cannot take, both or neither of
+/// `at` and `at_least`, a bad expression, spread or source, an unknown key, a lower bound on a
+/// choice, a malformed condition) is an error naming the file, the parameter and what is wrong.
+#[test]
+fn bad_priors_name_the_parameter_and_what_is_wrong() {
     for (batch, mode, needle) in [
         (
             r#"prior = { at = "{slots}", source = "s" }"#,
@@ -766,7 +778,7 @@ fn priors_parse_and_bad_ones_name_the_parameter_and_what_is_wrong() {
             "prior.if",
         ),
     ] {
-        let e = Space::parse(&with(batch, mode), "p.toml")
+        let e = Space::parse(&with_priors(batch, mode), "p.toml")
             .unwrap_err()
             .to_string();
         assert!(

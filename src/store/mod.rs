@@ -382,7 +382,12 @@ impl Store {
     }
 
     /// Writes a JSON value and flushes it to disk.
-    pub fn put<T: Serialize>(&self, tree: &str, key: &str, value: &T) -> Result<(), StoreError> {
+    pub(crate) fn put<T: Serialize>(
+        &self,
+        tree: &str,
+        key: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
         self.writable()?;
         let bytes = serde_json::to_vec(value).expect("store records serialise");
         let _one_writer = self.writes.lock().unwrap_or_else(|p| p.into_inner());
@@ -393,7 +398,11 @@ impl Store {
         Ok(())
     }
 
-    pub fn get<T: DeserializeOwned>(&self, tree: &str, key: &str) -> Result<Option<T>, StoreError> {
+    pub(crate) fn get<T: DeserializeOwned>(
+        &self,
+        tree: &str,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
         match self.db.open_tree(tree)?.get(key)? {
             None => Ok(None),
             Some(v) => serde_json::from_slice(&v)
@@ -406,7 +415,7 @@ impl Store {
         }
     }
 
-    pub fn remove(&self, tree: &str, key: &str) -> Result<(), StoreError> {
+    pub(crate) fn remove(&self, tree: &str, key: &str) -> Result<(), StoreError> {
         self.writable()?;
         let _one_writer = self.writes.lock().unwrap_or_else(|p| p.into_inner());
         self.db.open_tree(tree)?.remove(key)?;
@@ -417,7 +426,7 @@ impl Store {
     }
 
     /// Every record of a tree whose key starts with `prefix`, in key order.
-    pub fn scan<T: DeserializeOwned>(
+    pub(crate) fn scan<T: DeserializeOwned>(
         &self,
         tree: &str,
         prefix: &str,

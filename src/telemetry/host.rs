@@ -105,15 +105,15 @@ pub fn foreign_cores(a: &Snapshot, b: &Snapshot) -> f64 {
 
 /// Measures the foreign load over a span: `start()` before, `finish()` after.
 #[derive(Debug, Clone)]
-pub struct Probe {
+pub struct LoadSpan {
     groups: Vec<i32>,
     first: Option<Snapshot>,
 }
 
-impl Probe {
-    pub fn start(groups: Vec<i32>) -> Probe {
+impl LoadSpan {
+    pub fn start(groups: Vec<i32>) -> LoadSpan {
         let first = snapshot(&groups);
-        Probe { groups, first }
+        LoadSpan { groups, first }
     }
 
     /// The mean foreign cores since `start()`; `None` where `/proc` could not be read.
@@ -134,7 +134,7 @@ pub async fn wait_quiet(
 ) -> Option<f64> {
     let start = Instant::now();
     loop {
-        let p = Probe::start(groups.to_vec());
+        let p = LoadSpan::start(groups.to_vec());
         tokio::time::sleep(window).await;
         let f = p.finish()?;
         if f <= max_cores || start.elapsed() >= limit {
@@ -212,8 +212,8 @@ mod tests {
         let pgid = child.id() as i32;
         std::thread::sleep(Duration::from_millis(100));
         let t0 = ticks_of(child.id());
-        let outside = Probe::start(Vec::new());
-        let inside = Probe::start(vec![pgid]);
+        let outside = LoadSpan::start(Vec::new());
+        let inside = LoadSpan::start(vec![pgid]);
         let at = Instant::now();
         std::thread::sleep(span);
         let (fo, fi) = (outside.finish().unwrap(), inside.finish().unwrap());

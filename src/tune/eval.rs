@@ -430,7 +430,7 @@ impl Evaluator for EngineEvaluator {
             .entry(key)
             .or_insert_with(|| plan.requests.clone());
         let rate = plan.shape.request_rate;
-        let probe = crate::telemetry::host::Probe::start(self.groups());
+        let probe = crate::telemetry::host::LoadSpan::start(self.groups());
         let outcome = crate::bench::run(plan).await.map_err(infra)?;
         let foreign_cores = probe.finish();
         if let Some(f) = self.engine_failure("during the benchmark") {

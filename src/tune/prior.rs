@@ -11,6 +11,7 @@ use crate::space::prior::DEFAULT_SPREAD;
 use crate::space::{At, Kind, Space, Value};
 use crate::tune::encode::{arity, coord_of, Coord};
 use crate::tune::opt::{Plan, Prior};
+pub use crate::tune::spec::Footprint;
 
 /// The longest prompt vLLM's ShareGPT sampling keeps (`is_valid_sequence`: max_prompt_len
 /// 1024) and the longest prompt plus output (max_total_len 2048).
@@ -88,17 +89,6 @@ impl Shape {
             _ => None,
         }
     }
-}
-
-/// What the machine offers the model, as far as the disk and the telemetry say before a run.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Footprint {
-    /// The model's weight files, bytes (None: `why`).
-    pub weights_bytes: Option<u64>,
-    /// The memory of one accelerator (the host's without a GPU), bytes.
-    pub memory_bytes: Option<u64>,
-    /// Why a size is unknown (empty when both are known).
-    pub why: String,
 }
 
 /// Files beside PyTorch weights in a checkpoint directory that are not weights.

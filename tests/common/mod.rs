@@ -6,6 +6,7 @@
 
 use servetune::bench::args::BenchArgs;
 use servetune::bench::{self, BenchOutcome};
+#[cfg(feature = "mock")]
 use servetune::mock::{self, MockConfig, MockHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -17,6 +18,7 @@ pub fn args(flags: &[&str]) -> BenchArgs {
     BenchArgs::from_flags(&v).expect("valid flags")
 }
 
+#[cfg(feature = "mock")]
 pub async fn start_mock(cfg: MockConfig) -> MockHandle {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     mock::serve(l, cfg).unwrap()

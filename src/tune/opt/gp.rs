@@ -297,6 +297,98 @@ impl Anneal for Acquisition<'_> {
     }
 }
 
+impl Gp {
+    /// The feasibility models: one GP per latency limit on the measured slack (log measured
+    /// / limit) of every run that measured it, so the boundary is learnt from feasible and
+    /// infeasible runs alike; and a classifier on ±1 labels for what no slack explains (a
+    /// crash, a failed start, a missed success rate), with the objective's length scales.
+    fn feasibility(&self, history: &[Obs], obj: &Model) -> (Vec<Model>, Option<Model>) {
+        let limits = history.iter().map(|h| h.slack.len()).max().unwrap_or(0);
+        let mut slack_models = Vec::new();
+        for j in 0..limits {
+            let (xs, ys): (Vec<Vec<Coord>>, Vec<f64>) = history
+                .iter()
+                .filter_map(|h| {
+                    h.slack
+                        .get(j)
+                        .copied()
+                        .flatten()
+                        .filter(|v| v.is_finite())
+                        .map(|v| (encode(&self.space, &h.config), v))
+                })
+                .unzip();
+            if ys.len() >= 2 {
+                if let Some(m) = Model::fit(xs, &ys, None) {
+                    slack_models.push(m);
+                }
+            }
+        }
+        let unexplained = |h: &Obs| {
+            h.value.is_none() && (h.failed || slack_models.is_empty() || !h.missed_a_limit())
+        };
+        let feas = if history.iter().any(unexplained) {
+            let xs: Vec<Vec<Coord>> = history
+                .iter()
+                .map(|h| encode(&self.space, &h.config))
+                .collect();
+            let labels: Vec<f64> = history
+                .iter()
+                .map(|h| if unexplained(h) { -1.0 } else { 1.0 })
+                .collect();
+            Model::fit(xs, &labels, Some((&obj.ls, 0.05)))
+        } else {
+            None
+        };
+        (slack_models, feas)
+    }
+
+    /// The acquisition's candidates: random points, draws from the prior (so that its region
+    /// is among them), and the edges and neighbours of the best three feasible trials.
+    fn candidates(&self, history: &[Obs], rng: &mut StdRng) -> Vec<Vec<Coord>> {
+        let mut cands: Vec<Vec<Coord>> = Vec::new();
+        for _ in 0..RANDOM_CANDIDATES {
+            if let Ok(c) = random_config(&self.space, rng) {
+                cands.push(encode(&self.space, &c));
+            }
+        }
+        if self.plan.priors.iter().any(Option::is_some) {
+            for _ in 0..RANDOM_CANDIDATES / 4 {
+                let c: Vec<Coord> = self
+                    .space
+                    .params
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| match self.plan.priors.get(i).copied().flatten() {
+                        Some(pr) => pr.quantile(rng.random_range(0.0..1.0)),
+                        None => crate::tune::encode::random_coord(p, rng),
+                    })
+                    .collect();
+                if let Ok(cfg) = decode(&self.space, &c) {
+                    cands.push(encode(&self.space, &cfg));
+                }
+            }
+        }
+        for t in ranked(history).into_iter().take(3) {
+            if history[t].value.is_none() {
+                continue;
+            }
+            let start = encode(&self.space, &history[t].config);
+            for e in edges(&self.space, &start) {
+                if let Ok(c) = decode(&self.space, &e) {
+                    cands.push(encode(&self.space, &c));
+                }
+            }
+            for _ in 0..LOCAL_CANDIDATES {
+                let n = neighbour(&self.space, &start, rng.random_range(1..=2), 0.1, rng);
+                if let Ok(c) = decode(&self.space, &n) {
+                    cands.push(encode(&self.space, &c));
+                }
+            }
+        }
+        cands
+    }
+}
+
 impl Optimizer for Gp {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
         let mut rng = rng_for(self.seed, history.len());
@@ -335,46 +427,7 @@ impl Optimizer for Gp {
                 expected_improvement: None,
             });
         };
-        // Feasibility: one GP per latency limit on the measured slack (log measured / limit)
-        // of every run that measured it, so the boundary is learnt from feasible and
-        // infeasible runs alike; and a classifier on ±1 labels for what no slack explains
-        // (a crash, a failed start, a missed success rate).
-        let limits = history.iter().map(|h| h.slack.len()).max().unwrap_or(0);
-        let mut slack_models = Vec::new();
-        for j in 0..limits {
-            let (xs, ys): (Vec<Vec<Coord>>, Vec<f64>) = history
-                .iter()
-                .filter_map(|h| {
-                    h.slack
-                        .get(j)
-                        .copied()
-                        .flatten()
-                        .filter(|v| v.is_finite())
-                        .map(|v| (encode(&self.space, &h.config), v))
-                })
-                .unzip();
-            if ys.len() >= 2 {
-                if let Some(m) = Model::fit(xs, &ys, None) {
-                    slack_models.push(m);
-                }
-            }
-        }
-        let unexplained = |h: &Obs| {
-            h.value.is_none() && (h.failed || slack_models.is_empty() || !h.missed_a_limit())
-        };
-        let feas = if history.iter().any(unexplained) {
-            let xs: Vec<Vec<Coord>> = history
-                .iter()
-                .map(|h| encode(&self.space, &h.config))
-                .collect();
-            let labels: Vec<f64> = history
-                .iter()
-                .map(|h| if unexplained(h) { -1.0 } else { 1.0 })
-                .collect();
-            Model::fit(xs, &labels, Some((&obj.ls, 0.05)))
-        } else {
-            None
-        };
+        let (slack_models, feas) = self.feasibility(history, &obj);
         let best = values
             .iter()
             .map(|v| (tr(*v) - obj.mean) / obj.sd)
@@ -392,48 +445,7 @@ impl Optimizer for Gp {
                 guided(Algorithm::Gp, &self.space, &self.plan, history.len()),
             ),
         };
-        // Candidates: random points and neighbours of the best trials.
-        let mut cands: Vec<Vec<Coord>> = Vec::new();
-        for _ in 0..RANDOM_CANDIDATES {
-            if let Ok(c) = random_config(&self.space, &mut rng) {
-                cands.push(encode(&self.space, &c));
-            }
-        }
-        // Draws from the prior, so that its region is among the candidates.
-        if self.plan.priors.iter().any(Option::is_some) {
-            for _ in 0..RANDOM_CANDIDATES / 4 {
-                let c: Vec<Coord> = self
-                    .space
-                    .params
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| match self.plan.priors.get(i).copied().flatten() {
-                        Some(pr) => pr.quantile(rng.random_range(0.0..1.0)),
-                        None => crate::tune::encode::random_coord(p, &mut rng),
-                    })
-                    .collect();
-                if let Ok(cfg) = decode(&self.space, &c) {
-                    cands.push(encode(&self.space, &cfg));
-                }
-            }
-        }
-        for t in ranked(history).into_iter().take(3) {
-            if history[t].value.is_none() {
-                continue;
-            }
-            let start = encode(&self.space, &history[t].config);
-            for e in edges(&self.space, &start) {
-                if let Ok(c) = decode(&self.space, &e) {
-                    cands.push(encode(&self.space, &c));
-                }
-            }
-            for _ in 0..LOCAL_CANDIDATES {
-                let n = neighbour(&self.space, &start, rng.random_range(1..=2), 0.1, &mut rng);
-                if let Ok(c) = decode(&self.space, &n) {
-                    cands.push(encode(&self.space, &c));
-                }
-            }
-        }
+        let cands = self.candidates(history, &mut rng);
         let Some(start) = cands
             .iter()
             .max_by(|a, b| acq.value(a).0.total_cmp(&acq.value(b).0))

@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Plan;
+use super::{Obs, Plan};
 use crate::space::{Config, Kind, Space, Value};
 use crate::tune::encode::{arity, coord_of, decode, Coord};
 
@@ -237,46 +237,37 @@ fn clamped_by_param(space: &Space, param: &str) -> Option<String> {
         .map(|c| format!("{} {} {}", c.lhs, c.op, c.rhs))
 }
 
-/// The findings of the phase from `history`, None until every move of `moves` has been
-/// measured (a move and its baseline are found by configuration). Each move's change is
-/// measured against its engine's reference (`reference_and_margin`, over the readings that
-/// met the constraints as the defaults did, or missed them as they did), and it counts as no
-/// effect below the larger of `freeze_below` and the margin of error. The reference is the
-/// readings' median only while the defaults read within that margin of it: otherwise most
-/// options may have moved the objective the same way (the median is then theirs, not the
-/// defaults'), or the defaults' reading was off, and the phase freezes nothing of that engine.
-pub fn assess(
-    space: &Space,
-    moves: &[Move],
-    settings: Settings,
-    history: &[super::Obs],
-) -> Option<Findings> {
-    if moves.is_empty() {
-        return None;
-    }
-    let find = |c: &Config| history.iter().find(|h| &h.config == c);
-    let observed: Vec<(&super::Obs, &super::Obs)> = moves
-        .iter()
-        .map(|m| Some((find(&m.config)?, find(&m.baseline)?)))
-        .collect::<Option<_>>()?;
-    let floor = settings.freeze_below.ln_1p();
-    let depended = depended_on(space);
-    let reading = |o: &super::Obs| {
-        o.measured
-            .or(o.value)
-            .filter(|v| *v > 0.0 && !o.failed)
-            .map(f64::ln)
-    };
-    let limits = observed
-        .iter()
-        .map(|(o, b)| o.slack.len().max(b.slack.len()))
-        .max()
-        .unwrap_or(0);
-    let pct = |l: f64| 100.0 * l.exp_m1();
-    let scales = |base: &Config| -> Scales {
-        let group: Vec<&(&super::Obs, &super::Obs)> = moves
+/// A run's reading of the objective on a log scale: what it measured (else its value), none
+/// for a failed run or one that read nothing.
+fn reading(o: &Obs) -> Option<f64> {
+    o.measured
+        .or(o.value)
+        .filter(|v| *v > 0.0 && !o.failed)
+        .map(f64::ln)
+}
+
+/// A change on the log scale as a percentage.
+fn pct(l: f64) -> f64 {
+    100.0 * l.exp_m1()
+}
+
+/// What the phase reads: the history, its moves with their runs and the defaults' runs
+/// beside them (`observed`), the number of latency limits, and the freeze floor (log).
+struct Readings<'a> {
+    history: &'a [Obs],
+    moves: &'a [Move],
+    observed: Vec<(&'a Obs, &'a Obs)>,
+    limits: usize,
+    floor: f64,
+}
+
+impl Readings<'_> {
+    /// One engine's scales (the moves from the defaults `base`).
+    fn scales(&self, base: &Config) -> Scales {
+        let group: Vec<&(&Obs, &Obs)> = self
+            .moves
             .iter()
-            .zip(&observed)
+            .zip(&self.observed)
             .filter(|(m, _)| &m.baseline == base)
             .map(|(_, ob)| ob)
             .collect();
@@ -284,7 +275,7 @@ pub fn assess(
         // The defaults and the moves that kept their feasibility: a run that missed a
         // constraint the defaults met (or met one they missed) is another regime, whose
         // readings say nothing of the noise.
-        let pool: Vec<&super::Obs> = b
+        let pool: Vec<&Obs> = b
             .into_iter()
             .chain(
                 group
@@ -296,7 +287,7 @@ pub fn assess(
             .collect();
         let objective =
             reference_and_margin(&pool.iter().filter_map(|o| reading(o)).collect::<Vec<_>>());
-        let limit_scales: Vec<Option<(f64, f64)>> = (0..limits)
+        let limit_scales: Vec<Option<(f64, f64)>> = (0..self.limits)
             .map(|k| {
                 let v: Vec<f64> = pool
                     .iter()
@@ -306,11 +297,13 @@ pub fn assess(
             })
             .collect();
         // The defaults' own level: the median of every reading of their configuration.
-        let runs: Vec<&super::Obs> = history
+        let runs: Vec<&Obs> = self
+            .history
             .iter()
             .filter(|h| &h.config == base && !h.failed)
             .collect();
         let own = |v: Vec<f64>| (!v.is_empty()).then(|| median(&v));
+        let floor = self.floor;
         // Why the defaults' own level lies beyond `scale`'s margin of its reference, if it does.
         let off = |what: &str, scale: Option<(f64, f64)>, level: Option<f64>| {
             let ((r, e), d) = (scale?, level?);
@@ -343,123 +336,179 @@ pub fn assess(
             limits: limit_scales,
             unanchored,
         }
+    }
+}
+
+/// One move judged against its engine's scales: its change of the objective and of the
+/// latency limit that moved most (log), and whether it is frozen, and why.
+fn judge(
+    space: &Space,
+    m: &Move,
+    (o, b): (&Obs, &Obs),
+    sc: &Scales,
+    floor: f64,
+    depended: &[String],
+) -> Moved {
+    let obj = sc.objective;
+    let margin = obj.map_or(0.0, |(_, e)| e).max(floor);
+    let blind = obj.is_some_and(|(_, e)| e > MAX_MARGIN.ln_1p());
+    let change = match (reading(o), obj) {
+        (Some(r), Some((reference, _))) => Some(r - reference),
+        (Some(r), None) => reading(b).map(|rb| r - rb),
+        _ => None,
     };
+    let latency = sc
+        .limits
+        .iter()
+        .enumerate()
+        .filter_map(|(k, lsc)| {
+            let x = o.slack.get(k).copied().flatten()?;
+            let reference = match lsc {
+                Some((reference, _)) => *reference,
+                None => b.slack.get(k).copied().flatten()?,
+            };
+            let limit_margin = lsc.map_or(0.0, |(_, e)| e).max(floor);
+            Some((x - reference, limit_margin))
+        })
+        .max_by(|a, b| (a.0.abs() - a.1).total_cmp(&(b.0.abs() - b.1)));
+    let (frozen, mut why) = if o.failed {
+        (false, "the engine failed with it".to_owned())
+    } else if b.failed {
+        (false, "the defaults failed: nothing to compare".to_owned())
+    } else if o.value.is_some() != b.value.is_some() {
+        let what = if o.value.is_some() {
+            "it met the constraints, the defaults did not"
+        } else {
+            "it missed a constraint the defaults met"
+        };
+        (false, what.to_owned())
+    } else if depended.contains(&m.param) {
+        (false, "other options depend on it".to_owned())
+    } else if blind {
+        (
+            false,
+            format!(
+                "the phase's readings vary by ±{:.0}% (more than {:.0}%): too noisy to tell an option that does nothing",
+                pct(margin),
+                100.0 * MAX_MARGIN
+            ),
+        )
+    } else if let Some(reason) = &sc.unanchored {
+        (false, reason.clone())
+    } else {
+        by_change(change, latency, margin)
+    };
+    if !m.with.is_empty() {
+        why = format!("{why} (a constraint moved {} with it)", m.with.join(", "));
+    }
+    if frozen {
+        if let Some(c) = clamped_by_param(space, &m.param) {
+            why = format!("{why}; the constraint {c} still clamps it");
+        }
+    }
+    Moved {
+        param: m.param.clone(),
+        value: m.value.clone(),
+        with: m.with.clone(),
+        objective_pct: change.map(pct),
+        latency_pct: latency.map(|(l, _)| pct(l)),
+        margin_pct: pct(margin),
+        frozen,
+        why,
+    }
+}
+
+/// Frozen or not by the measured changes alone: the objective's `change` against `margin`,
+/// and the latency limit that moved most (`latency`: change and its own margin).
+fn by_change(change: Option<f64>, latency: Option<(f64, f64)>, margin: f64) -> (bool, String) {
+    match change {
+        None => (false, "the objective was not measured".to_owned()),
+        Some(r) if r.abs() >= margin => (
+            false,
+            format!(
+                "the objective moved {:+.1}% (beyond ±{:.1}%)",
+                pct(r),
+                pct(margin)
+            ),
+        ),
+        Some(_) if latency.is_some_and(|(l, e)| l.abs() >= e) => {
+            let (l, e) = latency.unwrap_or_default();
+            (
+                false,
+                format!(
+                    "a latency limit's statistic moved {:+.1}% (beyond ±{:.1}%)",
+                    pct(l),
+                    pct(e)
+                ),
+            )
+        }
+        Some(_) => (
+            true,
+            match latency {
+                // Each latency limit has its own margin (its readings' spread).
+                Some((l, e)) => format!(
+                    "the objective moved less than ±{:.1}%, and a latency limit's statistic {:+.1}% (within ±{:.1}%)",
+                    pct(margin),
+                    pct(l),
+                    pct(e)
+                ),
+                None => format!("the objective moved less than ±{:.1}%", pct(margin)),
+            },
+        ),
+    }
+}
+
+/// The findings of the phase from `history`, None until every move of `moves` has been
+/// measured (a move and its baseline are found by configuration). Each move's change is
+/// measured against its engine's reference (`reference_and_margin`, over the readings that
+/// met the constraints as the defaults did, or missed them as they did), and it counts as no
+/// effect below the larger of `freeze_below` and the margin of error. The reference is the
+/// readings' median only while the defaults read within that margin of it: otherwise most
+/// options may have moved the objective the same way (the median is then theirs, not the
+/// defaults'), or the defaults' reading was off, and the phase freezes nothing of that engine.
+pub fn assess(
+    space: &Space,
+    moves: &[Move],
+    settings: Settings,
+    history: &[Obs],
+) -> Option<Findings> {
+    if moves.is_empty() {
+        return None;
+    }
+    let find = |c: &Config| history.iter().find(|h| &h.config == c);
+    let observed: Vec<(&Obs, &Obs)> = moves
+        .iter()
+        .map(|m| Some((find(&m.config)?, find(&m.baseline)?)))
+        .collect::<Option<_>>()?;
+    let limits = observed
+        .iter()
+        .map(|(o, b)| o.slack.len().max(b.slack.len()))
+        .max()
+        .unwrap_or(0);
+    let phase = Readings {
+        history,
+        moves,
+        observed,
+        limits,
+        floor: settings.freeze_below.ln_1p(),
+    };
+    let depended = depended_on(space);
     // Once per engine, in the order of first appearance.
     let mut by_base: Vec<(&Config, Scales)> = Vec::new();
     for m in moves {
         if !by_base.iter().any(|(b, _)| *b == &m.baseline) {
-            by_base.push((&m.baseline, scales(&m.baseline)));
+            by_base.push((&m.baseline, phase.scales(&m.baseline)));
         }
     }
     let mut moved = Vec::new();
-    for (m, (o, b)) in moves.iter().zip(&observed) {
+    for (m, ob) in moves.iter().zip(&phase.observed) {
         let Some((_, sc)) = by_base.iter().find(|(base, _)| *base == &m.baseline) else {
             continue;
         };
-        let obj = sc.objective;
-        let margin = obj.map_or(0.0, |(_, e)| e).max(floor);
-        let blind = obj.is_some_and(|(_, e)| e > MAX_MARGIN.ln_1p());
-        let change = match (reading(o), obj) {
-            (Some(r), Some((reference, _))) => Some(r - reference),
-            (Some(r), None) => reading(b).map(|rb| r - rb),
-            _ => None,
-        };
-        let latency = sc
-            .limits
-            .iter()
-            .enumerate()
-            .filter_map(|(k, lsc)| {
-                let x = o.slack.get(k).copied().flatten()?;
-                let reference = match lsc {
-                    Some((reference, _)) => *reference,
-                    None => b.slack.get(k).copied().flatten()?,
-                };
-                let limit_margin = lsc.map_or(0.0, |(_, e)| e).max(floor);
-                Some((x - reference, limit_margin))
-            })
-            .max_by(|a, b| (a.0.abs() - a.1).total_cmp(&(b.0.abs() - b.1)));
-        let (frozen, mut why) = if o.failed {
-            (false, "the engine failed with it".to_owned())
-        } else if b.failed {
-            (false, "the defaults failed: nothing to compare".to_owned())
-        } else if o.value.is_some() != b.value.is_some() {
-            let what = if o.value.is_some() {
-                "it met the constraints, the defaults did not"
-            } else {
-                "it missed a constraint the defaults met"
-            };
-            (false, what.to_owned())
-        } else if depended.contains(&m.param) {
-            (false, "other options depend on it".to_owned())
-        } else if blind {
-            (
-                false,
-                format!(
-                    "the phase's readings vary by ±{:.0}% (more than {:.0}%): too noisy to tell an option that does nothing",
-                    pct(margin),
-                    100.0 * MAX_MARGIN
-                ),
-            )
-        } else if let Some(reason) = &sc.unanchored {
-            (false, reason.clone())
-        } else {
-            match change {
-                None => (false, "the objective was not measured".to_owned()),
-                Some(r) if r.abs() >= margin => (
-                    false,
-                    format!(
-                        "the objective moved {:+.1}% (beyond ±{:.1}%)",
-                        pct(r),
-                        pct(margin)
-                    ),
-                ),
-                Some(_) if latency.is_some_and(|(l, e)| l.abs() >= e) => {
-                    let (l, e) = latency.unwrap_or_default();
-                    (
-                        false,
-                        format!(
-                            "a latency limit's statistic moved {:+.1}% (beyond ±{:.1}%)",
-                            pct(l),
-                            pct(e)
-                        ),
-                    )
-                }
-                Some(_) => (
-                    true,
-                    match latency {
-                        // Each latency limit has its own margin (its readings' spread).
-                        Some((l, e)) => format!(
-                            "the objective moved less than ±{:.1}%, and a latency limit's statistic {:+.1}% (within ±{:.1}%)",
-                            pct(margin),
-                            pct(l),
-                            pct(e)
-                        ),
-                        None => format!("the objective moved less than ±{:.1}%", pct(margin)),
-                    },
-                ),
-            }
-        };
-        if !m.with.is_empty() {
-            why = format!("{why} (a constraint moved {} with it)", m.with.join(", "));
-        }
-        if frozen {
-            if let Some(c) = clamped_by_param(space, &m.param) {
-                why = format!("{why}; the constraint {c} still clamps it");
-            }
-        }
-        moved.push(Moved {
-            param: m.param.clone(),
-            value: m.value.clone(),
-            with: m.with.clone(),
-            objective_pct: change.map(pct),
-            latency_pct: latency.map(|(l, _)| pct(l)),
-            margin_pct: pct(margin),
-            frozen,
-            why,
-        });
+        moved.push(judge(space, m, *ob, sc, phase.floor, &depended));
     }
     let first = by_base.first().and_then(|(_, sc)| sc.objective);
-    let base = observed.first().map(|(_, b)| *b);
+    let base = phase.observed.first().map(|(_, b)| *b);
     Some(Findings {
         freeze_below: settings.freeze_below,
         reference: first.map(|(r, _)| r.exp()),
