@@ -7,15 +7,20 @@
 
 mod common;
 
+#[cfg(feature = "mock")]
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
+#[cfg(feature = "mock")]
 use servetune::engine::failure::{FailureClass, OomPhase};
 use servetune::engine::inventory;
+#[cfg(feature = "mock")]
 use servetune::engine::process::group_running;
 use servetune::setup::VllmPaths;
-use servetune::space::{Config, Space, Value};
+#[cfg(feature = "mock")]
+use servetune::space::Value;
+use servetune::space::{Config, Space};
 use servetune::store::Store;
 use servetune::telemetry::host_memory;
 use servetune::telemetry::{Telemetry, TelemetrySummary};
@@ -41,6 +46,7 @@ fn paths() -> Option<VllmPaths> {
     None
 }
 
+#[cfg(feature = "mock")]
 /// The shipped vLLM space as a CPU study sees it, with the study environment of
 /// `studies/vllm-cpu-smollm2.toml` (offline, a 1 GiB KV cache) and a 2,048-token context.
 fn cpu_space() -> Space {
@@ -57,6 +63,7 @@ fn cpu_space() -> Space {
     s.for_platform("cpu").unwrap().0
 }
 
+#[cfg(feature = "mock")]
 /// The part of an evidence line from `marker` on, without pydantic's trailing
 /// `[type=…, input_value=…]` (which echoes every argument).
 fn from_marker(evidence: &str, marker: &str) -> String {
@@ -71,6 +78,7 @@ fn from_marker(evidence: &str, marker: &str) -> String {
         .to_owned()
 }
 
+#[cfg(feature = "mock")]
 /// The metric names a /metrics page defines.
 async fn metric_names(base: &str) -> BTreeSet<String> {
     let text = reqwest::get(format!("{base}/metrics"))
