@@ -119,7 +119,7 @@ fn conclusion(d: &ReportData) -> Markup {
             p { "Candidates re-measured against the baseline (interleaved rounds):" }
             table #comparisons {
                 tr { th { "trial" } th { "change of the objective [95% CI]" } th { "note" } }
-                @let level = level_of(&d.study.spec_text);
+                @let level = level_of(&d.study);
                 @for c in &out.comparisons {
                     @let (value, note) = comparison_cells(c, level);
                     tr { td { "#" (c.candidate) } td { (value) } td { (note) } }

@@ -103,7 +103,7 @@ fn comparisons(o: &mut String, d: &ReportData) {
             );
             let _ = writeln!(o, "| trial | change of the objective [95% CI] | note |");
             let _ = writeln!(o, "|---|---|---|");
-            let level = level_of(&rec.spec_text);
+            let level = level_of(rec);
             for c in &out.comparisons {
                 let (value, note) = comparison_cells(c, level);
                 let _ = writeln!(o, "| #{} | {value} | {note} |", c.candidate);

@@ -425,10 +425,13 @@ fn change_text(r: &Row) -> String {
     }
 }
 
-/// The gain test's level per look of the study of `spec_text` (`decide::alpha_per_look` of
-/// its re-measurement rounds), as the gate used it.
-fn level_of(spec_text: &str) -> f64 {
-    toml::from_str::<crate::tune::spec::StudySpec>(spec_text)
+/// The gain test's level per look the gate used for `rec`: stored with its outcome, or, in an
+/// outcome written before it was, `decide::alpha_per_look` of its file's re-measurement rounds.
+fn level_of(rec: &StudyRecord) -> f64 {
+    if let Some(level) = rec.outcome.as_ref().and_then(|o| o.level) {
+        return level;
+    }
+    toml::from_str::<crate::tune::spec::StudySpec>(&rec.spec_text)
         .map(|s| crate::tune::decide::alpha_per_look(s.remeasure.repeats, s.remeasure.max_repeats))
         .unwrap_or(crate::tune::decide::ALPHA)
 }
@@ -595,5 +598,45 @@ pub fn render(
             Ok(format!("report written to {}\n", p.display()))
         }
         None => Ok(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::records::fixtures::named;
+    use crate::tune::records::Outcome;
+
+    /// An outcome as a finished study stores it, with the gate's level per look `level`.
+    fn outcome(level: Option<f64>) -> Outcome {
+        let mut o: Outcome = serde_json::from_value(serde_json::json!({
+            "metric": "output_throughput", "baseline_trial": 0, "recommended": null,
+            "recommended_command": null, "recommended_config": null, "comparisons": [],
+            "verdict": "keep the defaults", "search_trials": 4, "screened_only": 0,
+            "bench_s": 1.0, "saved_s": 0.0
+        }))
+        .unwrap();
+        o.level = level;
+        o
+    }
+
+    #[test]
+    fn the_level_shown_is_the_one_the_gate_stored_else_the_files() {
+        let mut rec = named("s", "s", 1.0, Phase::Done);
+        rec.spec_text = "[study]\nname = \"s\"\n[remeasure]\nrepeats = 3\nmax_repeats = 3\n".into();
+        let from_file = crate::tune::decide::alpha_per_look(3, 3);
+        assert_eq!(level_of(&rec), from_file, "no outcome: the file's rounds");
+        rec.outcome = Some(outcome(None));
+        assert_eq!(
+            level_of(&rec),
+            from_file,
+            "an outcome from before the level was stored"
+        );
+        rec.outcome = Some(outcome(Some(0.0123)));
+        assert_eq!(
+            level_of(&rec),
+            0.0123,
+            "the stored level, whatever the file says now"
+        );
     }
 }

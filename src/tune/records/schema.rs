@@ -248,6 +248,10 @@ pub struct Outcome {
     pub screened_only: u32,
     pub bench_s: f64,
     pub saved_s: f64,
+    /// The gain test's level per look the gate used (`decide::alpha_per_look`); `None` in
+    /// outcomes written before it was stored (the report then reads the study's file).
+    #[serde(default)]
+    pub level: Option<f64>,
 }
 
 /// Whether a best record's model is the one asked for: the same, a suffix of it, or a part

@@ -5,7 +5,7 @@
 use super::Runner;
 use crate::space::CommandLine;
 use crate::tune::best;
-use crate::tune::decide::Decision;
+use crate::tune::decide::{self, Decision};
 use crate::tune::eval::Evaluator;
 use crate::tune::records::{Outcome, Phase, Rounds, StudyRecord, TrialKind, TrialRecord};
 use crate::tune::TuneError;
@@ -51,6 +51,7 @@ impl<E: Evaluator> Runner<E> {
                 .count() as u32,
             bench_s: all.iter().map(|t| t.bench_s).sum(),
             saved_s: search_all.iter().map(|t| t.saved_s).sum(),
+            level: Some(decide::Rules::of(&self.study.spec, &self.study.limits).alpha),
         };
         // The best known configuration for this node and workload: what the gate recommends,
         // else the defaults, unless an earlier study proved a configuration better than them
