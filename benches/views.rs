@@ -104,7 +104,6 @@ fn study(id: &str, spec_text: String) -> StudyRecord {
         id: id.into(),
         spec_text,
         name: None,
-        model: None,
         metric: None,
         created: 1000.0,
         updated: 2000.0,

@@ -41,30 +41,6 @@ fn allowed_from_doc(doc: &str) -> Result<BTreeMap<String, BTreeSet<String>>, Str
     Ok(allowed)
 }
 
-/// The top-level module a file belongs to and its depth in the module tree
-/// (`src/a.rs`, `src/a/mod.rs`: 1; `src/a/b.rs`: 2 …). `None` for the crate roots.
-fn module_of(rel: &Path) -> Option<(String, usize)> {
-    let parts: Vec<String> = rel
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    let last = parts.last()?.trim_end_matches(".rs").to_owned();
-    if parts.len() == 1 && (last == "lib" || last == "main") {
-        return None;
-    }
-    let depth = if last == "mod" {
-        parts.len() - 1
-    } else {
-        parts.len()
-    };
-    let top = if parts.len() == 1 {
-        last
-    } else {
-        parts[0].clone()
-    };
-    Some((top, depth))
-}
-
 /// The code of a file without comments and without its `#[cfg(test)]` tail (unit tests may
 /// use anything: the tokenizer's tests build prompts with the load generator's sampler).
 fn code_of(text: &str) -> String {
@@ -86,69 +62,15 @@ fn code_of(text: &str) -> String {
     out
 }
 
-/// The top-level modules a file's code names (`crate::x`, `crate::{x, y::z}`, and `super::`
-/// chains that climb to the crate root).
-fn used_modules(code: &str, depth: usize) -> BTreeSet<String> {
-    let mut used = BTreeSet::new();
-    let ident = |s: &str| -> String {
-        s.chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect()
-    };
-    let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        let before = rest[..i].chars().last();
-        let after = &rest[i + "crate::".len()..];
-        rest = after;
-        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
-            continue; // `servetune_crate::`, `$crate::`
-        }
-        if let Some(group) = after.strip_prefix('{') {
-            // The group's top-level items (`a::{x, y}, b::z`): split at commas outside braces.
-            let mut depth = 0usize;
-            let mut item_start = true;
-            for (i, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => item_start = true,
-                    c if item_start && !c.is_whitespace() => {
-                        item_start = false;
-                        let name = ident(&group[i..]);
-                        if !name.is_empty() {
-                            used.insert(name);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        } else {
-            let name = ident(after);
-            if !name.is_empty() {
-                used.insert(name);
-            }
-        }
-    }
-    let mut rest = code;
-    while let Some(i) = rest.find("super::") {
-        let before = rest[..i].chars().last();
-        let mut after = &rest[i..];
-        let mut climbs = 0;
-        while let Some(a) = after.strip_prefix("super::") {
-            climbs += 1;
-            after = a;
-        }
-        rest = after;
-        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') || climbs < depth {
-            continue;
-        }
-        let name = ident(after);
-        if !name.is_empty() {
-            used.insert(name);
-        }
-    }
-    used
+/// The other top-level modules the code of the file whose module is `at` names (`crate::x`,
+/// `crate::{x, y::z}`, and `super::` chains that climb to the crate root): the first segment
+/// of every path `named_paths` resolves.
+fn used_modules(code: &str, at: &[String]) -> BTreeSet<String> {
+    named_paths(code, at)
+        .into_iter()
+        .filter_map(|p| p.into_iter().next())
+        .filter(|m| Some(m) != at.first())
+        .collect()
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -173,9 +95,10 @@ fn violations(src: &Path, allowed: &BTreeMap<String, BTreeSet<String>>) -> Vec<S
     let mut bad = Vec::new();
     for f in files {
         let rel = f.strip_prefix(src).expect("under src");
-        let Some((module, depth)) = module_of(rel) else {
+        let Some(at) = module_path(rel) else {
             continue;
         };
+        let module = at[0].clone();
         let text = fs::read_to_string(&f).expect("readable source");
         let Some(ok) = allowed.get(&module) else {
             bad.push(format!(
@@ -184,7 +107,7 @@ fn violations(src: &Path, allowed: &BTreeMap<String, BTreeSet<String>>) -> Vec<S
             ));
             continue;
         };
-        for used in used_modules(&code_of(&text), depth) {
+        for used in used_modules(&code_of(&text), &at) {
             if used != module && allowed.contains_key(&used) && !ok.contains(&used) {
                 bad.push(format!("{}: {module} -> {used}", rel.display()));
             }
@@ -325,16 +248,18 @@ fn the_checker_sees_every_form_of_path() {
     let code = code_of(
         "use crate::space::Space;\nuse crate::{store::{Store, StoreError}, bench::stats};\nfn f() { super::super::engine::x(); }\n// crate::mock in a comment\nlet s = $crate::util;\n#[cfg(test)]\nmod tests { use crate::report; }\n",
     );
-    let used = used_modules(&code, 2);
+    // A file two levels down (`m::f`) of a module that is none of those named.
+    let at = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let used = used_modules(&code, &at(&["m", "f"]));
     let expect: BTreeSet<String> = ["space", "store", "bench", "engine"]
         .iter()
         .map(|s| s.to_string())
         .collect();
     assert_eq!(used, expect);
     // One level of super:: from depth 2 stays inside the module.
-    assert!(used_modules("super::sim::run();", 2).is_empty());
+    assert!(used_modules("super::sim::run();", &at(&["m", "f"])).is_empty());
     assert_eq!(
-        used_modules("super::tune::x();", 1),
+        used_modules("super::tune::x();", &at(&["m"])),
         BTreeSet::from(["tune".to_string()])
     );
 

@@ -647,7 +647,6 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
             id: "same".into(),
             spec_text: "something else".into(),
             name: None,
-            model: None,
             metric: None,
             created: 0.0,
             updated: 0.0,

@@ -21,40 +21,50 @@ pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 /// Labels of one sample.
 type Labels = Vec<(&'static str, String)>;
 
-/// A sample's value: a count (written as an integer) or a measurement.
+/// A gauge sample's value: a count (written as an integer) or a measurement.
 #[derive(Debug)]
 enum Num {
     Count(u64),
     Real(f64),
 }
 
-/// One metric's labelled samples, written in the order given.
+/// One gauge's labelled samples, written in the order given.
 #[derive(Debug)]
-struct Series {
-    counter: bool,
-    samples: Vec<(Labels, Num)>,
-}
+struct Gauges(Vec<(Labels, Num)>);
 
-impl EncodeMetric for Series {
+impl EncodeMetric for Gauges {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
-        for (labels, v) in &self.samples {
+        for (labels, v) in &self.0 {
             let mut e = encoder.encode_family(labels)?;
-            match (self.counter, v) {
-                (true, Num::Count(n)) => e.encode_counter::<NoLabelSet, u64, u64>(n, None)?,
-                (true, Num::Real(x)) => e.encode_counter::<NoLabelSet, f64, f64>(x, None)?,
-                (false, Num::Count(n)) => e.encode_gauge(n)?,
-                (false, Num::Real(x)) => e.encode_gauge(x)?,
+            match v {
+                Num::Count(n) => e.encode_gauge(n)?,
+                Num::Real(x) => e.encode_gauge(x)?,
             }
         }
         Ok(())
     }
 
     fn metric_type(&self) -> MetricType {
-        if self.counter {
-            MetricType::Counter
-        } else {
-            MetricType::Gauge
+        MetricType::Gauge
+    }
+}
+
+/// One counter's labelled counts, written in the order given.
+#[derive(Debug)]
+struct Counts(Vec<(Labels, u64)>);
+
+impl EncodeMetric for Counts {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        for (labels, n) in &self.0 {
+            encoder
+                .encode_family(labels)?
+                .encode_counter::<NoLabelSet, u64, u64>(n, None)?;
         }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
     }
 }
 
@@ -121,10 +131,8 @@ pub fn render<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
     r.register(
         "servetune_studies",
         "Daemon study runs by queue state",
-        Series {
-            counter: false,
-            samples: c
-                .jobs_by_state
+        Gauges(
+            c.jobs_by_state
                 .iter()
                 .map(|(st, n)| {
                     (
@@ -133,41 +141,35 @@ pub fn render<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
                     )
                 })
                 .collect(),
-        },
+        ),
     );
     r.register(
         "servetune_trials",
         "Finished engine runs (search, re-measurement, validation) by outcome",
-        Series {
-            counter: true,
-            samples: [
+        Counts(
+            [
                 ("ok", total.ok),
                 ("infeasible", total.infeasible),
                 ("failed", total.failed),
             ]
             .into_iter()
-            .map(|(label, n)| (vec![("outcome", label.to_owned())], Num::Count(n as u64)))
+            .map(|(label, n)| (vec![("outcome", label.to_owned())], n as u64))
             .collect(),
-        },
+        ),
     );
     r.register(
         "servetune_early_stops",
         "Trials stopped early: a constraint (success rate, SLO) missed, or not promoted past screening",
-        Series {
-            counter: true,
-            samples: vec![
-                (vec![("reason", "constraint".to_owned())], Num::Count(total.infeasible as u64)),
-                (vec![("reason", "screened_out".to_owned())], Num::Count(total.screened_out as u64)),
-            ],
-        },
+        Counts(vec![
+            (vec![("reason", "constraint".to_owned())], total.infeasible as u64),
+            (vec![("reason", "screened_out".to_owned())], total.screened_out as u64),
+        ]),
     );
     r.register(
         "servetune_best_objective",
         "The best objective of the latest study of each name",
-        Series {
-            counter: false,
-            samples: c
-                .latest
+        Gauges(
+            c.latest
                 .iter()
                 .map(|b| {
                     (
@@ -180,7 +182,7 @@ pub fn render<B: Backend>(d: &Daemon<B>) -> Result<String, DaemonError> {
                     )
                 })
                 .collect(),
-        },
+        ),
     );
     r.register(
         "servetune_trial_duration_seconds",

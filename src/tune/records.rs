@@ -213,7 +213,6 @@ pub(crate) mod fixtures {
             id: id.into(),
             spec_text: format!("[study]\nname = \"{name}\"\n"),
             name: None,
-            model: None,
             metric: None,
             created,
             updated: created,

@@ -151,7 +151,6 @@ impl<E: Evaluator> Runner<E> {
             id: id.clone(),
             spec_text: self.study.text.clone(),
             name: Some(self.study.spec.study.name.clone()),
-            model: Some(self.study.model.clone()),
             metric: Some(self.metric().key().to_owned()),
             created: now,
             updated: now,

@@ -30,13 +30,11 @@ pub enum Phase {
 pub struct StudyRecord {
     pub id: String,
     pub spec_text: String,
-    /// The file's `[study] name`, which the study's runs share, its model (aliases resolved)
-    /// and its objective metric (`ObjectiveMetric::key`), stored when the study is created.
-    /// Records written before they were stored read `None`, and `heading` reads the file.
+    /// The file's `[study] name`, which the study's runs share, and its objective metric
+    /// (`ObjectiveMetric::key`), stored when the study is created. Records written before they
+    /// were stored read `None`, and `heading` reads the file.
     #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
-    pub model: Option<String>,
     #[serde(default)]
     pub metric: Option<String>,
     pub created: f64,
@@ -533,7 +531,7 @@ mod tests {
     }"#;
 
     /// A finished study as written at schema version 1: no warm start, log parameters,
-    /// importance, phase findings, footprint, nor the typed name, model and metric; an
+    /// importance, phase findings, footprint, nor the typed name and metric; an
     /// outcome without the leader, checks, rounds or rounds set aside, and a comparison
     /// without its adjusted p-value.
     const STUDY_V1: &str = r#"{
@@ -578,7 +576,7 @@ mod tests {
     #[test]
     fn a_version_1_study_loads_and_reads_its_name_and_metric_from_its_file() {
         let s: StudyRecord = serde_json::from_str(STUDY_V1).expect("a version 1 study loads");
-        assert_eq!((s.name.as_deref(), s.model.as_deref()), (None, None));
+        assert_eq!((s.name.as_deref(), s.metric.as_deref()), (None, None));
         assert_eq!(
             s.heading(),
             StudyHeading {
