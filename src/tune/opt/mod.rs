@@ -122,6 +122,23 @@ pub struct Proposal {
 /// space and seed; the result depends on nothing but the history.
 pub trait Optimizer {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String>;
+
+    /// The next proposal while the trials of `running` (proposed earlier, in the order they
+    /// were proposed) have not finished: parallel trials. A pure function of the history and
+    /// the running configurations, so that a resumed study gets the same proposals. `None`:
+    /// nothing can be proposed before one of them finishes (wait for it). This default waits
+    /// whenever a trial runs, which is the sequential study.
+    fn propose_batch(
+        &mut self,
+        history: &[Obs],
+        running: &[Config],
+    ) -> Result<Option<Proposal>, String> {
+        if running.is_empty() {
+            self.propose(history).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
 }
 
 /// The optimiser a study of `budget` trials gets when its file names none, by the space's
