@@ -121,6 +121,7 @@ fn study(id: &str, spec_text: String) -> StudyRecord {
         importance: None,
         one_at_a_time: None,
         footprint: None,
+        interference: None,
     }
 }
 

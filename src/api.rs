@@ -326,6 +326,9 @@ pub struct TrialNowV1 {
     pub command: Option<String>,
     pub running_s: f64,
     pub attempts: u32,
+    /// The devices its engine is pinned to, in a parallel study (`gpu 2,3`, `cores 0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
 }
 
 /// The best trial of the running study so far.
@@ -350,7 +353,11 @@ pub struct CurrentV1 {
     pub search_trials_done: usize,
     pub search_budget: u32,
     pub measurements_done: usize,
+    /// The latest running trial (of `running`).
     pub trial: Option<TrialNowV1>,
+    /// Every running trial, in the order proposed: several in a parallel study.
+    #[serde(default)]
+    pub running: Vec<TrialNowV1>,
     pub best: Option<BestNowV1>,
     /// An estimate of the time the study still needs, and how it was made.
     pub time_left_s: Option<f64>,

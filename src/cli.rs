@@ -55,7 +55,7 @@ pub async fn tune(
     // Progress and the stop notice never panic on a closed stderr (a pipe whose reader has
     // gone, as when the pipeline it ran in was killed): `eprintln!` would, and a panic in the
     // signal watcher before it set the flag left the study, and its engine, running.
-    runner.progress = Box::new(|s: &str| say(s));
+    runner.progress = std::sync::Arc::new(|s: &str| say(s));
     let cancel = runner.cancel.clone();
     let watcher = tokio::spawn(async move {
         crate::signals::terminated().await;

@@ -664,6 +664,7 @@ fn a_conflicting_study_of_the_same_name_is_refused() {
             importance: None,
             one_at_a_time: None,
             footprint: None,
+            interference: None,
         })
         .unwrap();
     let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();

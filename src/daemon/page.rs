@@ -173,10 +173,11 @@ fn now(current: Option<&CurrentV1>) -> Markup {
             "Trigger: " (c.trigger) " · phase " (phase) " · " (c.search_trials_done) " of "
             (c.search_budget) " search trials · " (time_left(c))
         }
-        @if let Some(t) = &c.trial {
+        @for t in &c.running {
             p {
-                "Trial #" (t.seq) " (" (t.kind) ", " (format!("{:.0}", t.running_s)) " s): "
-                (t.note)
+                "Trial #" (t.seq) " (" (t.kind) ", " (format!("{:.0}", t.running_s)) " s"
+                @if let Some(slot) = &t.slot { ", on " (slot) }
+                "): " (t.note)
             }
         }
         @if let Some(b) = &c.best {

@@ -26,10 +26,9 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentV1>, DaemonEr
         .iter()
         .filter(|t| t.kind == TrialKind::Search && t.status != TrialStatus::Running)
         .collect();
-    let trial = trials
+    let running: Vec<TrialNowV1> = trials
         .iter()
-        .rev()
-        .find(|t| t.status == TrialStatus::Running)
+        .filter(|t| t.status == TrialStatus::Running)
         .map(|t| TrialNowV1 {
             seq: t.seq,
             kind: t.kind.label(),
@@ -37,7 +36,10 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentV1>, DaemonEr
             command: t.command.as_ref().map(CommandLine::display),
             running_s: (now - t.started).max(0.0),
             attempts: t.attempts,
-        });
+            slot: t.slot.as_ref().map(|p| p.label()),
+        })
+        .collect();
+    let trial = running.last().cloned();
     let metric = rec
         .as_ref()
         .and_then(StudyRecord::metric)
@@ -72,6 +74,7 @@ fn current_view<B: Backend>(d: &Daemon<B>) -> Result<Option<CurrentV1>, DaemonEr
             .filter(|t| t.status != TrialStatus::Running)
             .count(),
         trial,
+        running,
         best,
         time_left_s,
         time_left_basis: basis,

@@ -182,7 +182,7 @@ async fn execute<B: Backend>(
     }
     let d2 = d.clone();
     let id = job.study.clone();
-    runner.progress = Box::new(move |line: &str| {
+    runner.progress = std::sync::Arc::new(move |line: &str| {
         tracing::info!("study {id}: {line}");
         d2.notifier
             .status(&format!("study {id}: {}", crate::util::excerpt(line, 160)));

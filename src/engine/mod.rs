@@ -7,4 +7,5 @@ pub mod inventory;
 pub mod launch;
 pub mod process;
 pub mod reap;
+pub mod slots;
 pub mod trial;

@@ -53,6 +53,8 @@ pub struct Launcher {
     /// Replaces the `{binary}` element of every engine's argv (the mock engine in tests and on
     /// machines without the engine: `servetune mock-engine --profile vllm --`).
     pub binary: Option<Vec<String>>,
+    /// The devices the engine is pinned to (a parallel study's slot).
+    pub placement: Option<crate::engine::slots::Placement>,
 }
 
 impl Launcher {
@@ -64,6 +66,7 @@ impl Launcher {
             release_timeout: Duration::from_secs(60),
             host: "127.0.0.1".into(),
             binary: None,
+            placement: None,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::bench::abort::{LatencyLimit, Stat};
 use crate::bench::metrics::Metric as M;
 use crate::bench::stats::{self, Sorted};
 use crate::engine::failure::Patterns;
+use crate::engine::slots::Placement;
 use crate::space::{CommandLine, Config, Space};
 use crate::telemetry::TelemetrySummary;
 use crate::tune::eval::{latency_key, Evaluator, Measurement, RunSpec, Started, TrialFailure};
@@ -41,6 +42,8 @@ pub struct SimEvaluator {
     pub noise: f64,
     pub seed: u64,
     runs: u64,
+    /// The devices the next engine sees (a parallel study's slot): its GPUs and cores.
+    pub placement: Option<Placement>,
     current: Option<(String, Settings, Option<u64>)>,
     engine_defaults: BTreeMap<String, Config>,
 }
@@ -61,6 +64,7 @@ impl SimEvaluator {
             noise,
             seed,
             runs: 0,
+            placement: None,
             current: None,
             engine_defaults: BTreeMap::new(),
         }
@@ -131,6 +135,10 @@ impl Evaluator for SimEvaluator {
     fn workloads(&self) -> Vec<String> {
         self.workloads.iter().map(|w| w.name.clone()).collect()
     }
+
+    fn place(&mut self, placement: Option<&Placement>) {
+        self.placement = placement.cloned();
+    }
 }
 
 impl SimEvaluator {
@@ -156,7 +164,18 @@ impl SimEvaluator {
         full.extend(space.defaults());
         full.extend(ecfg.clone());
         let mml = self.max_model_len(space);
-        match super::engines::settings(&profile, &full, mml, &self.machine) {
+        // A slot's engine sees only its devices, as CUDA_VISIBLE_DEVICES and the affinity
+        // mask make a real engine see them.
+        let mut machine = self.machine.clone();
+        if let Some(p) = &self.placement {
+            if !p.gpus.is_empty() {
+                machine.hw.gpus = p.gpus.len() as u32;
+            }
+            if !p.cores.is_empty() {
+                machine.hw.cores = p.cores.len() as u32;
+            }
+        }
+        match super::engines::settings(&profile, &full, mml, &machine) {
             Ok((mut settings, _banner, oom)) => {
                 settings.noise = self.noise;
                 let command = CommandLine {

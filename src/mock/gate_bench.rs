@@ -92,6 +92,7 @@ fn trial(seq: u32, kind: TrialKind, v: f64, ttft: f64) -> TrialRecord {
         stopped: 0,
         startup_s: None,
         retried_after: None,
+        slot: None,
     }
 }
 

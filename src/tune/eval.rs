@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +19,7 @@ use crate::bench::dataset::SampleRequest;
 use crate::bench::metrics::Summary;
 use crate::engine::failure::Patterns;
 use crate::engine::launch::LaunchError;
+use crate::engine::slots::Placement;
 use crate::engine::trial::{Launcher, TrialEngine, TrialError};
 use crate::space::{CommandLine, Config, Space};
 use crate::telemetry::TelemetrySummary;
@@ -265,6 +267,11 @@ pub trait Evaluator {
     fn stop(&mut self) -> impl Future<Output = Result<Option<TelemetrySummary>, TrialFailure>>;
     /// The workloads' names, primary first.
     fn workloads(&self) -> Vec<String>;
+    /// Pins the next engine `start`s to these devices (a parallel study's slot; `None`: the
+    /// whole machine, as by default).
+    fn place(&mut self, placement: Option<&Placement>) {
+        let _ = placement;
+    }
     /// Waits until other processes keep at most `max_cores` cores busy, or `limit` has
     /// passed; the foreign cores last read (`None`: not measured here).
     fn settle(&mut self, max_cores: f64, limit: Duration) -> impl Future<Output = Option<f64>> {
@@ -285,6 +292,9 @@ pub struct EngineEvaluator {
     /// Sampled requests per (workload, prompts, seed): the same prompts for every trial.
     cache: HashMap<(usize, usize, u64), Vec<SampleRequest>>,
     engine: Option<TrialEngine>,
+    /// The process groups of every engine this study runs at the moment (shared by a parallel
+    /// study's evaluators): none of them is foreign load to another's run.
+    ours: Arc<Mutex<Vec<i32>>>,
     patterns: Patterns,
     sampler: Option<crate::telemetry::Sampler>,
 }
@@ -332,14 +342,41 @@ impl EngineEvaluator {
             versions,
             cache: HashMap::new(),
             engine: None,
+            ours: Arc::default(),
             patterns: Patterns::default(),
             sampler: None,
         }
     }
 
-    /// The process groups whose CPU time is the engine's (not foreign load).
+    /// An evaluator like this one (a parallel study's next slot), sharing its record of the
+    /// study's running engines.
+    pub fn sibling(&self) -> EngineEvaluator {
+        let mut e = EngineEvaluator::new(
+            self.launcher.clone(),
+            self.space.clone(),
+            self.model.clone(),
+            self.workloads.clone(),
+            self.limits.clone(),
+            self.binaries.clone(),
+            self.versions.clone(),
+        );
+        e.ours = self.ours.clone();
+        e
+    }
+
+    /// The process groups whose CPU time is the study's engines' (not foreign load): this
+    /// evaluator's and, in a parallel study, the other slots'.
     fn groups(&self) -> Vec<i32> {
-        self.engine.iter().map(|e| e.ready.process.pgid()).collect()
+        let mut g: Vec<i32> = self.engine.iter().map(|e| e.ready.process.pgid()).collect();
+        if let Ok(ours) = self.ours.lock() {
+            g.extend(
+                ours.iter()
+                    .filter(|p| !g.contains(p))
+                    .copied()
+                    .collect::<Vec<_>>(),
+            );
+        }
+        g
     }
 
     /// The engine died or stopped answering: classify from its log.
@@ -385,6 +422,9 @@ impl Evaluator for EngineEvaluator {
             startup_s: t0.elapsed().as_secs_f64(),
         };
         self.sampler = Some(self.launcher.telemetry.sample(Duration::from_millis(500)));
+        if let Ok(mut ours) = self.ours.lock() {
+            ours.push(te.ready.process.pgid());
+        }
         self.engine = Some(te);
         Ok(started)
     }
@@ -472,6 +512,10 @@ impl Evaluator for EngineEvaluator {
     async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
         let tel = self.sampler.take().and_then(|s| s.finish());
         if let Some(e) = self.engine.take() {
+            let pgid = e.ready.process.pgid();
+            if let Ok(mut ours) = self.ours.lock() {
+                ours.retain(|p| *p != pgid);
+            }
             tokio::task::spawn_blocking(move || e.stop())
                 .await
                 .map_err(infra)?
@@ -482,6 +526,10 @@ impl Evaluator for EngineEvaluator {
 
     fn workloads(&self) -> Vec<String> {
         self.workloads.iter().map(|w| w.0.clone()).collect()
+    }
+
+    fn place(&mut self, placement: Option<&Placement>) {
+        self.launcher.placement = placement.cloned();
     }
 
     async fn settle(&mut self, max_cores: f64, limit: Duration) -> Option<f64> {

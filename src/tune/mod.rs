@@ -88,7 +88,13 @@ pub async fn engine_space(study: &Study, telemetry: &Telemetry) -> Result<Engine
         let mut vars = study.spec.vars.clone();
         vars.entry("gpu_count".into())
             .or_insert(telemetry.gpu_count().max(1) as i64);
-        vars.entry("cores".into()).or_insert(fp.cpu_cores as i64);
+        // A parallel CPU study's engines each run on a slot of `cores_per_trial` cores.
+        let cores = study
+            .spec
+            .study
+            .cores_per_trial
+            .unwrap_or(fp.cpu_cores as usize);
+        vars.entry("cores".into()).or_insert(cores as i64);
         vars.retain(|k, _| sp.vars.contains_key(k));
         let unknown: Vec<&String> = study
             .spec
@@ -249,11 +255,44 @@ pub async fn engine_runner(
         binaries,
         versions.clone(),
     );
+    let parallel = slots(&study, &eval, on_cpu)?;
     let mut runner = Runner::new(store, study, space, eval, trial_root);
+    runner.parallel = parallel;
     runner.hardware = hardware;
     runner.engine_versions = versions;
     runner.dropped_flags = dropped;
     Ok(runner)
+}
+
+/// A study's slots for parallel trials: the node's GPUs (the study's list of them), or on a
+/// CPU node its cores in sets of `cores_per_trial`, and one evaluator per trial that fits at
+/// once (`max_parallel_trials` bounds it). None on a CPU node without `cores_per_trial`: one
+/// trial at a time on the whole machine, as always.
+fn slots(
+    study: &Study,
+    eval: &EngineEvaluator,
+    on_cpu: bool,
+) -> Result<Option<study::Slots<EngineEvaluator>>, TuneError> {
+    use crate::engine::slots::{Node, Pool};
+    let s = &study.spec.study;
+    let mut node = Node::detect(&eval.launcher.telemetry, s.gpus.as_deref())
+        .map_err(|e| TuneError::Spec(format!("study.gpus: {e}")))?;
+    if on_cpu {
+        node.gpus.clear();
+    }
+    let per = if node.gpus.is_empty() {
+        match s.cores_per_trial {
+            Some(c) => c,
+            None => return Ok(None),
+        }
+    } else {
+        s.cores_per_trial.unwrap_or(0)
+    };
+    let pool = Pool::new(node, per, s.max_parallel_trials)
+        .map_err(|e| TuneError::Spec(format!("study.cores_per_trial: {e}")))?;
+    let k = pool.capacity(1);
+    let evals = (0..k).map(|_| eval.sibling()).collect();
+    Ok(Some(study::Slots { pool, evals }))
 }
 
 /// vLLM's CPU build sizes its KV cache from `--gpu-memory-utilization` of the host's memory

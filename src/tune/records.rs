@@ -230,6 +230,7 @@ pub(crate) mod fixtures {
             importance: None,
             one_at_a_time: None,
             footprint: None,
+            interference: None,
         }
     }
 }

@@ -77,6 +77,28 @@ pub struct StudySection {
     /// NVML finds a GPU, else `cpu`.
     #[serde(default)]
     pub platform: Option<String>,
+    /// Trials run at once, each on its own devices (`engine::slots`): at most this many.
+    /// Default: as many as fit (on a GPU node one per group of GPUs a trial needs; on a CPU
+    /// node one, unless `cores_per_trial` divides the cores).
+    #[serde(default)]
+    pub max_parallel_trials: Option<usize>,
+    /// The GPUs (NVML indices) the study may use. Default: every GPU of the node.
+    #[serde(default)]
+    pub gpus: Option<Vec<u32>>,
+    /// On a CPU node, the cores each trial's engine is pinned to (`sched_setaffinity`), so
+    /// that several trials run at once on disjoint core sets. Default: none (one trial at a
+    /// time on the whole machine).
+    #[serde(default)]
+    pub cores_per_trial: Option<usize>,
+    /// The largest slowdown a parallel study accepts from running its slots at once: the
+    /// defaults' mean reading in every slot at once against alone (the interference check
+    /// before the search). Beyond it the study halves its slots and checks again.
+    #[serde(default = "max_interference")]
+    pub max_interference: f64,
+}
+
+fn max_interference() -> f64 {
+    0.10
 }
 
 fn yes() -> bool {

@@ -8,8 +8,10 @@
 //! (and flushed) before and after every trial: a study killed at any moment resumes where it
 //! stopped, the interrupted trial runs again, and no finished trial is lost.
 
+mod exec;
 mod measure;
 mod outcome;
+mod parallel;
 mod rounds;
 mod search;
 
@@ -18,7 +20,6 @@ use std::path::PathBuf;
 
 use tokio_util::sync::CancellationToken;
 
-use super::decide;
 use super::eval::{Evaluator, TrialFailure};
 use super::opt::{self, Optimizer};
 use super::records::{Phase, Records, StudyRecord, TrialKind, TrialRecord, TrialStatus, WarmStart};
@@ -27,6 +28,8 @@ use super::TuneError;
 use crate::space::{Config, Kind, Space};
 use crate::store::Store;
 use crate::util::unix_now;
+use exec::Exec;
+pub use parallel::Slots;
 
 /// Seconds a study has spent running trials (what `budget.wall_time_s` counts): the time it
 /// was paused or stopped between trials does not count.
@@ -41,7 +44,7 @@ pub fn active_s(all: &[TrialRecord]) -> f64 {
 pub const MAX_KILLS: u32 = 3;
 
 /// What the runner prints, per event (the CLI prints it; the daemon logs it).
-pub type Progress = Box<dyn FnMut(&str) + Send>;
+pub type Progress = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
 
 pub struct Runner<E: Evaluator> {
     /// The study's records in the store.
@@ -66,6 +69,9 @@ pub struct Runner<E: Evaluator> {
     pub algorithm: opt::Algorithm,
     plan: opt::Plan,
     pub priors: Vec<super::prior::Resolved>,
+    /// Parallel trials: the node's devices and one evaluator per trial that may run at once
+    /// (None: one trial at a time on the whole machine).
+    pub parallel: Option<Slots<E>>,
 }
 
 impl<E: Evaluator> Runner<E> {
@@ -87,19 +93,20 @@ impl<E: Evaluator> Runner<E> {
             engine_versions: BTreeMap::new(),
             dropped_flags: Vec::new(),
             trigger: "manual".into(),
-            progress: Box::new(|_| {}),
+            progress: std::sync::Arc::new(|_| {}),
             cancel: CancellationToken::new(),
             warm: Vec::new(),
             optimizer,
             algorithm,
             plan,
             priors,
+            parallel: None,
         }
     }
 
     /// The same runner around another evaluator made from this one (`wrap`): a wrapper that
     /// disturbs the machine at chosen trials (the real-engine fault tests), or measures more.
-    pub fn map_eval<F: Evaluator>(self, wrap: impl FnOnce(E) -> F) -> Runner<F> {
+    pub fn map_eval<F: Evaluator>(self, wrap: impl Fn(E) -> F) -> Runner<F> {
         Runner {
             records: self.records,
             study: self.study,
@@ -117,10 +124,14 @@ impl<E: Evaluator> Runner<E> {
             algorithm: self.algorithm,
             plan: self.plan,
             priors: self.priors,
+            parallel: self.parallel.map(|s| Slots {
+                pool: s.pool,
+                evals: s.evals.into_iter().map(&wrap).collect(),
+            }),
         }
     }
 
-    fn say(&mut self, s: &str) {
+    fn say(&self, s: &str) {
         (self.progress)(s);
     }
 
@@ -167,6 +178,7 @@ impl<E: Evaluator> Runner<E> {
             importance: None,
             one_at_a_time: None,
             footprint: Some(self.study.footprint.clone()),
+            interference: None,
             log_params: self
                 .space
                 .params
@@ -217,7 +229,7 @@ impl<E: Evaluator> Runner<E> {
                 opt::make_warm(self.algorithm, &self.space, spec.seed, &self.plan, warm);
         }
         if rec.phase == Phase::Search {
-            self.search(&mut rec).await?;
+            self.search_parallel(&mut rec).await?;
         }
         if rec.phase == Phase::Remeasure {
             self.remeasure(&mut rec).await?;
@@ -270,61 +282,8 @@ impl<E: Evaluator> Runner<E> {
             stopped: 0,
             startup_s: None,
             retried_after: None,
+            slot: None,
         }
-    }
-
-    /// Starts the trial's engine and records what started: its start-up time, its command,
-    /// the engine and its version.
-    async fn start_engine(&mut self, t: &mut TrialRecord) -> Result<(), TrialFailure> {
-        let dir = self.trial_dir(t.seq);
-        let started = self.eval.start(&t.config, &dir).await?;
-        t.startup_s = Some(started.startup_s);
-        t.command = Some(started.command);
-        t.engine = Some(started.engine);
-        t.engine_version = started.engine_version;
-        Ok(())
-    }
-
-    /// A trial cancelled while it ran: its engine is stopped and the stop counted on the trial
-    /// (a resume runs it again without taking it for a kill), stored, then `Interrupted`.
-    async fn interrupted(&mut self, t: &mut TrialRecord) -> TuneError {
-        let _ = self.eval.stop().await;
-        t.stopped += 1;
-        match self.put_trial(t) {
-            Ok(()) => TuneError::Interrupted,
-            Err(e) => e,
-        }
-    }
-
-    /// Whether a failed trial runs once more, and if so, resets it for that: its engine failed
-    /// without refusing the configuration (a crash, a hang, a start-up timeout: possibly the
-    /// machine's, e.g. memory a previous engine had not yet released) and it has not run again
-    /// yet. The first failure is kept in `retried_after`, stored before the second attempt, so
-    /// that a resume after a kill during it does not run a third.
-    fn retry_once(&mut self, t: &mut TrialRecord, what: &str) -> Result<bool, TuneError> {
-        let again = t.status == TrialStatus::Failed
-            && t.retried_after.is_none()
-            && t.failure.as_ref().is_some_and(|f| !decide::refused(f));
-        if !again {
-            return Ok(false);
-        }
-        let f = t.failure.take().expect("checked above");
-        self.say(&format!(
-            "trial #{}: {what} failed ({}: {}), which is not the engine refusing the configuration; running it once more",
-            t.seq,
-            f.class,
-            crate::util::excerpt(&f.evidence, 100)
-        ));
-        t.retried_after = Some(f);
-        t.reopen();
-        // Nor the first attempt's engine: the second records its own.
-        t.startup_s = None;
-        t.command = None;
-        t.engine_version = None;
-        t.bench_s = 0.0;
-        t.telemetry = None;
-        self.put_trial(t)?;
-        Ok(true)
     }
 
     /// A trial found `Running` at a resume: run it again, unless servetune was killed while it
@@ -359,10 +318,31 @@ impl<E: Evaluator> Runner<E> {
         t
     }
 
-    fn trial_dir(&self, seq: u32) -> PathBuf {
-        self.trial_root
-            .join(self.id())
-            .join(format!("trial-{seq:04}"))
+    /// Pins the study's own evaluator to the devices `t` gets on an otherwise idle node (a
+    /// parallel study's sequential trials and rounds), and records them on the trial.
+    fn place_alone(&mut self, t: &mut TrialRecord) {
+        let Some(slots) = self.parallel.as_mut() else {
+            return;
+        };
+        let need = parallel::gpus_needed(&self.space, &t.config);
+        if let Some(p) = slots.pool.take(need) {
+            slots.pool.give(&p);
+            self.eval.place(Some(&p));
+            t.slot = Some(p);
+        }
+    }
+
+    /// The execution of one trial on the study's own evaluator (`exec`).
+    fn exec(&mut self) -> Exec<'_, E> {
+        let dir = self.trial_root.join(self.id());
+        Exec {
+            study: &self.study,
+            eval: &mut self.eval,
+            say_to: &self.progress,
+            records: &self.records,
+            cancel: self.cancel.clone(),
+            dir,
+        }
     }
 }
 

@@ -62,6 +62,7 @@ fn rec(seq: u32, kind: TrialKind, m: Measurement, rules: &Rules) -> TrialRecord 
         stopped: 0,
         startup_s: None,
         retried_after: None,
+        slot: None,
     }
 }
 

@@ -69,6 +69,38 @@ pub struct StudyRecord {
     /// with them its proposals, are those of its records.
     #[serde(default)]
     pub footprint: Option<crate::tune::spec::Footprint>,
+    /// A parallel study's interference check (set before its search; None for a study that
+    /// runs one trial at a time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interference: Option<Interference>,
+}
+
+/// A parallel study's interference check: the engine's defaults run alone in the first slot,
+/// then in every slot at once; the slowdown is the mean of the slots' readings against the
+/// reading alone. Beyond the study's `max_interference` the slots are halved and checked
+/// again, down to one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Interference {
+    /// The objective of the defaults alone, in the first slot.
+    pub alone: f64,
+    /// Each check, in the order run.
+    pub checks: Vec<InterferenceCheck>,
+    /// The study's `max_interference`.
+    pub threshold: f64,
+    /// The slots the search uses.
+    pub kept: usize,
+    /// Why that many, in a sentence.
+    pub why: String,
+}
+
+/// One round of the defaults in `placements.len()` slots at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InterferenceCheck {
+    pub placements: Vec<crate::engine::slots::Placement>,
+    /// Each slot's objective (None: that run failed).
+    pub readings: Vec<Option<f64>>,
+    /// 1 - mean(readings) / alone (None: a run failed).
+    pub slowdown: Option<f64>,
 }
 
 /// Which knobs mattered, estimated when the search ends: the GP's predicted spread of the
@@ -171,6 +203,9 @@ pub struct TrialRecord {
     /// ran once more; `failure` is the second attempt's, if it failed too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retried_after: Option<TrialFailure>,
+    /// The devices the trial's engine was pinned to, in a parallel study.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<crate::engine::slots::Placement>,
 }
 
 impl TrialRecord {

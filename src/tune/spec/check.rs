@@ -172,6 +172,7 @@ pub(super) fn check_sections(s: &StudySpec) -> Result<Vec<LatencyLimit>, TuneErr
     }
     check_search_sections(s)?;
     check_gate_sections(s)?;
+    check_parallel(s)?;
     let o = &s.objective;
     if o.metric == ObjectiveMetric::MaxRate
         && !(o.rate_min > 0.0 && o.rate_max > o.rate_min && o.rate_steps >= 2)
@@ -182,6 +183,36 @@ pub(super) fn check_sections(s: &StudySpec) -> Result<Vec<LatencyLimit>, TuneErr
         ));
     }
     Ok(limits)
+}
+
+/// Parallel trials: the slots' bounds and the interference threshold.
+fn check_parallel(s: &StudySpec) -> Result<(), TuneError> {
+    let st = &s.study;
+    if st.max_parallel_trials == Some(0) {
+        return Err(field("study.max_parallel_trials", "must be at least 1"));
+    }
+    if st.cores_per_trial == Some(0) {
+        return Err(field("study.cores_per_trial", "must be at least 1"));
+    }
+    if let Some(g) = &st.gpus {
+        if g.is_empty() {
+            return Err(field(
+                "study.gpus",
+                "is empty; leave it out to use every GPU of the node",
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(d) = g.iter().find(|i| !seen.insert(**i)) {
+            return Err(field("study.gpus", format!("GPU {d} is listed twice")));
+        }
+    }
+    if !(st.max_interference > 0.0 && st.max_interference < 1.0) {
+        return Err(field(
+            "study.max_interference",
+            format!("{} is not in (0, 1)", st.max_interference),
+        ));
+    }
+    Ok(())
 }
 
 /// The search's sections: screening and stopping.

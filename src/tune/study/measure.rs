@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::Runner;
+use super::exec::Exec;
 use crate::telemetry::TelemetrySummary;
 use crate::tune::eval::{latency_key, Evaluator, Measurement, RunSpec, TrialFailure};
 use crate::tune::records::{TrialRecord, TrialStatus};
@@ -13,7 +13,7 @@ use crate::tune::spec::ObjectiveMetric;
 use crate::tune::TuneError;
 use crate::util::unix_now;
 
-impl<E: Evaluator> Runner<E> {
+impl<E: Evaluator> Exec<'_, E> {
     /// One run of a workload: plain, or the inner search over the request rate. `abort`: the
     /// study's constraints stop the run early once it misses them beyond doubt (search runs);
     /// re-measurement and validation runs always run to the end, so that they can be pooled.

@@ -3,9 +3,9 @@
 //! (A B C, C B A, …) of the primary workload and, for the leader, of every other workload,
 //! each run to the end on a fresh engine, and the gate's answer between rounds.
 
-use super::{guarded, Runner};
+use super::Runner;
 use crate::tune::decide::{self, Decision, Pending};
-use crate::tune::eval::{Evaluator, Measurement, TrialFailure};
+use crate::tune::eval::{Evaluator, Measurement};
 use crate::tune::records::{Phase, Rounds, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 use crate::tune::TuneError;
 
@@ -149,7 +149,8 @@ impl<E: Evaluator> Runner<E> {
                 }
             };
             self.put_trial(&t)?;
-            self.run_round(&mut t, candidate, workload).await?;
+            self.place_alone(&mut t);
+            self.exec().run_round(&mut t, candidate, workload).await?;
             let label = match &t.kind {
                 TrialKind::Remeasure { round, .. } => format!("re-measure round {}", round + 1),
                 TrialKind::Validate {
@@ -174,55 +175,6 @@ impl<E: Evaluator> Runner<E> {
             ));
         }
         Ok(())
-    }
-
-    /// One run of a round, to the end on a fresh engine (the rounds are pooled, so never
-    /// stopped early nor rerun in place). A run whose engine failed without refusing the
-    /// configuration (a crash, a hang, a start-up timeout) runs once more before it counts
-    /// against its arm: the other arm's run in the round may have done well on a machine that
-    /// was not.
-    async fn run_round(
-        &mut self,
-        t: &mut TrialRecord,
-        candidate: u32,
-        workload: usize,
-    ) -> Result<(), TuneError> {
-        let metric = self.metric();
-        let min_s = self.study.spec.constraints.min_success_rate;
-        let limits = self.study.limits.clone();
-        loop {
-            let cancel = self.cancel.clone();
-            let fut = async {
-                let result: Result<(), TrialFailure> = async {
-                    self.start_engine(t).await?;
-                    t.bench_s = 0.0;
-                    let m = self
-                        .quiet_measure(workload, 1.0, false, 0, false, &mut t.bench_s)
-                        .await?;
-                    t.early_stop = m.violation(min_s, &limits);
-                    t.screen_objective = m.objective(metric);
-                    if t.early_stop.is_none() {
-                        t.objective = t.screen_objective;
-                    }
-                    t.promoted = true;
-                    t.full = Some(m);
-                    Ok(())
-                }
-                .await;
-                let tel = self.eval.stop().await;
-                self.finish(t, result, tel)
-            };
-            match guarded(cancel, fut).await {
-                Some(r) => r?,
-                None => return Err(self.interrupted(t).await),
-            }
-            // Whether it runs again is decided before the failure is stored: a kill in
-            // between must not leave a failed record that a resume would take as final.
-            if !self.retry_once(t, &format!("a round's run of #{candidate}"))? {
-                self.put_trial(t)?;
-                return Ok(());
-            }
-        }
     }
 
     /// The defaults and the candidates to re-measure: the defaults are always an arm, unless

@@ -2,9 +2,10 @@
 //! the budget or convergence stops it; the importance phase's findings once its moves are
 //! measured; what the optimiser learns from each trial (`obs`); the progress line per trial.
 
-use super::{active_s, guarded, Runner};
+use super::exec::Against;
+use super::{active_s, Runner};
 use crate::space::CommandLine;
-use crate::tune::eval::{Evaluator, Measurement, TrialFailure};
+use crate::tune::eval::Evaluator;
 use crate::tune::opt::{self, Obs};
 use crate::tune::records::{Importance, Phase, StudyRecord, TrialKind, TrialRecord, TrialStatus};
 use crate::tune::spec::ObjectiveMetric;
@@ -285,8 +286,10 @@ impl<E: Evaluator> Runner<E> {
                     None => return Ok(()),
                 },
             };
+            self.place_alone(&mut trial);
             self.put_trial(&trial)?;
-            self.run_search_trial(&mut trial, &search).await?;
+            let against = self.against(&trial, &search);
+            self.exec().run_search_trial(&mut trial, &against).await?;
             self.put_trial(&trial)?;
             if let Some(v) = trial.objective {
                 if rec.best_objective.is_none_or(|b| v > b) {
@@ -302,7 +305,7 @@ impl<E: Evaluator> Runner<E> {
 
     /// Says the study's notes, what the workload implies, the importance phase and the
     /// start-up, and a `stopping.min_trials` below the optimiser's floor.
-    fn announce_search(&mut self, rec: &StudyRecord) {
+    pub(super) fn announce_search(&mut self, rec: &StudyRecord) {
         for w in self.study.warnings.clone() {
             self.say(&format!("note: {w}"));
         }
@@ -385,15 +388,9 @@ impl<E: Evaluator> Runner<E> {
         }
     }
 
-    /// Runs a search trial against the search so far (`search`: its screens set the
-    /// promotion threshold, its best full run what a narrow miss must beat to be confirmed).
-    /// The defaults' trial runs once more after a failure their engine's log does not prove
-    /// to be a refusal.
-    async fn run_search_trial(
-        &mut self,
-        trial: &mut TrialRecord,
-        search: &[TrialRecord],
-    ) -> Result<(), TuneError> {
+    /// What a search trial runs against (`search`: its screens set the promotion threshold,
+    /// its best full run what a narrow miss must beat to be confirmed).
+    pub(super) fn against(&self, trial: &TrialRecord, search: &[TrialRecord]) -> Against {
         // What screening ranks by (tokens per joule is known only after the engine stops,
         // so those studies screen on output throughput).
         let tpj = self.metric() == ObjectiveMetric::TokensPerJoule;
@@ -405,7 +402,6 @@ impl<E: Evaluator> Runner<E> {
                 _ => t.screen_objective,
             })
             .collect();
-        // The best full-run value so far: a narrow miss above it is confirmed.
         let best_full = search
             .iter()
             .filter_map(|t| t.objective)
@@ -413,24 +409,17 @@ impl<E: Evaluator> Runner<E> {
         // The defaults and the importance phase's moves run in full, whatever their
         // screen reads: the phase compares its readings with one another, so none of them
         // may be a screen's (shorter, noisier) reading.
-        let is_defaults = self.space.baselines().contains(&trial.config);
-        let full = is_defaults
+        let defaults = self.space.baselines().contains(&trial.config);
+        let always_full = defaults
             || opt::oat::moves(&self.space, &self.plan)
                 .iter()
                 .any(|m| m.config == trial.config);
-        for attempt in 0..2 {
-            let cancel = self.cancel.clone();
-            match guarded(cancel, self.search_trial(trial, &screens, best_full, full)).await {
-                Some(r) => r?,
-                None => return Err(self.interrupted(trial).await),
-            }
-            // The defaults are the reference: only the engine refusing them (a class its
-            // log proves: out of memory, unsupported, a bad flag) says they cannot run.
-            if !(is_defaults && attempt == 0 && self.retry_once(trial, "the defaults")?) {
-                break;
-            }
+        Against {
+            screens,
+            best_full,
+            always_full,
+            defaults,
         }
-        Ok(())
     }
 
     pub(super) fn trial_line(&self, t: &TrialRecord, rec: &StudyRecord, n: usize) -> String {
@@ -468,72 +457,5 @@ impl<E: Evaluator> Runner<E> {
                 .map(CommandLine::display)
                 .unwrap_or_default()
         )
-    }
-
-    /// A search trial: start, screen, maybe the full run, stop. `always_full` (the defaults
-    /// and the importance phase's moves): promoted whatever the screen reads, and a narrow
-    /// miss of the screen confirmed.
-    pub(super) async fn search_trial(
-        &mut self,
-        t: &mut TrialRecord,
-        screens: &[f64],
-        best_full: Option<f64>,
-        always_full: bool,
-    ) -> Result<(), TuneError> {
-        let spec = self.study.spec.clone();
-        let metric = spec.objective.metric;
-        let min_s = spec.constraints.min_success_rate;
-        let limits = self.study.limits.clone();
-        let frac = self.study.screen_fraction;
-        // Tokens per joule is known only once the engine stops: screen on throughput.
-        let screen_value = move |m: &Measurement| match metric {
-            ObjectiveMetric::TokensPerJoule => m.output_throughput,
-            _ => m.objective(metric).unwrap_or(0.0),
-        };
-        let best_screen = screens.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let result: Result<(), TrialFailure> = async {
-            self.start_engine(t).await?;
-            let screen = self
-                .checked_run(t, frac, |m| always_full || screen_value(m) >= best_screen)
-                .await?;
-            t.early_stop = screen.violation(min_s, &limits);
-            t.screen_objective = screen.objective(metric);
-            t.screen = Some(screen.clone());
-            if t.early_stop.is_some() {
-                return Ok(());
-            }
-            let v = screen_value(&screen);
-            let mut all: Vec<f64> = screens.to_vec();
-            all.push(v);
-            all.sort_by(f64::total_cmp);
-            // Promote the top `promote` fraction of screened candidates (and every trial run in full always).
-            let cut = ((all.len() as f64) * (1.0 - spec.screening.promote)).floor() as usize;
-            let threshold = all[cut.min(all.len() - 1)];
-            t.promoted = frac >= 1.0 || always_full || v >= threshold;
-            if !t.promoted {
-                t.saved_s = screen.duration_s * (1.0 / frac - 1.0);
-                return Ok(());
-            }
-            let full = if frac >= 1.0 {
-                screen
-            } else {
-                // Promoted: its screen ranks it near the top, so a narrow miss is confirmed.
-                self.checked_run(t, 1.0, |m| {
-                    always_full
-                        || v >= best_screen
-                        || best_full.is_none_or(|b| m.objective(metric).unwrap_or(0.0) >= b)
-                })
-                .await?
-            };
-            t.early_stop = full.violation(min_s, &limits);
-            if t.early_stop.is_none() {
-                t.objective = full.objective(metric);
-            }
-            t.full = Some(full);
-            Ok(())
-        }
-        .await;
-        let tel = self.eval.stop().await;
-        self.finish(t, result, tel)
     }
 }
