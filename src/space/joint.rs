@@ -59,6 +59,7 @@ impl Space {
             platform: None,
             platform_default: Default::default(),
             prior: None,
+            slot_default: None,
         }];
         let mut constraints = Vec::new();
         for m in &members {

@@ -314,6 +314,21 @@ pub struct Param {
     /// what its acquisition favours until the evidence outweighs it.
     #[serde(default)]
     pub prior: Option<PriorSpec>,
+    /// What the parameter's default becomes on a parallel CPU study's core slot
+    /// (`slot_default = "cores"`: the slot's core count). For a thread count whose engine
+    /// default counts the machine's cores, not the ones the slot pins it to (llama.cpp's
+    /// `--threads -1`): left to it, every engine of a slot would start a thread per core of
+    /// the machine on its one core.
+    #[serde(default)]
+    pub slot_default: Option<SlotDefault>,
+}
+
+/// See `Param::slot_default`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotDefault {
+    /// The slot's core count.
+    Cores,
 }
 
 /// The platforms a study runs on: `gpu` where NVML finds a GPU, else `cpu`, unless the study

@@ -35,6 +35,7 @@ const PARAM_KEYS: &[&str] = &[
     "platform",
     "platform_default",
     "prior",
+    "slot_default",
 ];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -322,6 +322,27 @@ fn from_trial_error(e: TrialError) -> TrialFailure {
     }
 }
 
+/// On a core slot, the parameters whose default counts the machine's cores
+/// (`Param::slot_default`) run at the slot's core count when the configuration leaves them at
+/// their default: the engine then sees the cores it is pinned to, as it would on a machine of
+/// that size.
+fn slot_defaults(space: &Space, cfg: &mut Config, p: &Placement) {
+    if p.cores.is_empty() {
+        return;
+    }
+    for q in &space.params {
+        if q.slot_default != Some(crate::space::SlotDefault::Cores) {
+            continue;
+        }
+        if cfg.get(&q.name).is_none_or(|v| *v == q.default) {
+            cfg.insert(
+                q.name.clone(),
+                crate::space::Value::Int(p.cores.len() as i64),
+            );
+        }
+    }
+}
+
 impl EngineEvaluator {
     pub fn new(
         launcher: Launcher,
@@ -403,7 +424,10 @@ impl EngineEvaluator {
 impl Evaluator for EngineEvaluator {
     async fn start(&mut self, cfg: &Config, dir: &Path) -> Result<Started, TrialFailure> {
         self.stop().await?;
-        let (space, ecfg) = self.space.split(cfg).map_err(infra)?;
+        let (space, mut ecfg) = self.space.split(cfg).map_err(infra)?;
+        if let Some(p) = &self.launcher.placement {
+            slot_defaults(space, &mut ecfg, p);
+        }
         let engine = space.engine.name.clone();
         let mut launcher = self.launcher.clone();
         if let Some(b) = self.binaries.get(&engine) {
