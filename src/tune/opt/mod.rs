@@ -395,47 +395,41 @@ impl WithBaselines {
 
 impl Optimizer for WithBaselines {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
-        if let Some(b) = self
-            .baselines
-            .iter()
-            .find(|b| !history.iter().any(|h| &h.config == *b))
-        {
-            return Ok(Proposal {
-                config: b.clone(),
-                note: "engine defaults (baseline)".into(),
-                expected_improvement: None,
-            });
-        }
-        if let Some((c, from)) = self
-            .warm
-            .iter()
-            .find(|(c, _)| !history.iter().any(|h| &h.config == c))
-        {
-            return Ok(Proposal {
-                config: c.clone(),
-                note: format!("warm start: {from}"),
-                expected_improvement: None,
-            });
-        }
-        let n = self.moves.len();
-        if let Some((i, m)) = self
-            .moves
-            .iter()
-            .enumerate()
-            .find(|(_, m)| !history.iter().any(|h| h.config == m.config))
-        {
-            return Ok(Proposal {
-                config: m.config.clone(),
-                note: format!(
-                    "importance phase {}/{n}: {} alone to {}",
-                    i + 1,
-                    m.param,
-                    m.value
-                ),
-                expected_improvement: None,
-            });
+        // Nothing runs, so no stage waits.
+        self.next(history, &[])?
+            .ok_or_else(|| "no proposal with nothing running".into())
+    }
+
+    /// Parallel trials. Every stage passes over a configuration that has run or still runs,
+    /// and the start-up design counts the running trials in its position, so K proposals in a
+    /// row take K different points; the stages that read a result (the importance phase's
+    /// assessment, the back-off, the memory edge) read finished trials only, and the phase
+    /// waits while one of its moves runs. The model-guided stage fantasises the running
+    /// trials' results (`fantasised`).
+    fn propose_batch(
+        &mut self,
+        history: &[Obs],
+        running: &[Config],
+    ) -> Result<Option<Proposal>, String> {
+        self.next(history, running)
+    }
+}
+
+impl WithBaselines {
+    /// The next proposal (see `propose_batch`); with nothing running, `propose`'s.
+    fn next(&mut self, history: &[Obs], running: &[Config]) -> Result<Option<Proposal>, String> {
+        let taken = |c: &Config| running.contains(c) || history.iter().any(|h| &h.config == c);
+        if let Some(p) = self.fixed(&taken) {
+            return Ok(Some(p));
         }
         if let Some(settings) = self.plan.one_at_a_time {
+            // The assessment reads every move against its defaults: not before they finished.
+            let phase = |c: &Config| {
+                self.baselines.contains(c) || self.moves.iter().any(|m| &m.config == c)
+            };
+            if running.iter().any(phase) {
+                return Ok(None);
+            }
             let frozen = oat::assess(&self.space, &self.moves, settings, history)
                 .map(|f| f.frozen())
                 .unwrap_or_default();
@@ -443,24 +437,20 @@ impl Optimizer for WithBaselines {
                 self.search = Some(self.search_for(frozen));
             }
         }
+        let tried = self.after_stages(history);
         let Some(search) = self.search.as_mut() else {
             return Err("no search after the importance phase".into());
         };
-        // The start-up design, by position: its k-th point once the history holds k of the
-        // trials that came after the baselines, the warm start and the phase (a point that
-        // repeats an earlier trial is passed over).
-        let before = self.baselines.len() + self.warm.len() + n;
-        let k = history.len().saturating_sub(before);
-        if let Some(p) = back_off(
-            &self.kind,
-            &self.space,
-            search,
-            &self.plan,
-            history.get(before..).unwrap_or(&[]),
-        ) {
-            return Ok(p);
+        // The start-up design, by position: its k-th point once k trials came after the
+        // baselines, the warm start and the phase, the running ones included (a point that
+        // repeats an earlier or a running trial is passed over).
+        let before = self.baselines.len() + self.warm.len() + self.moves.len();
+        let k = (history.len() + running.len()).saturating_sub(before);
+        let free = |p: &Proposal| !running.contains(&p.config);
+        if let Some(p) = back_off(&self.kind, &self.space, search, &self.plan, &tried).filter(free)
+        {
+            return Ok(Some(p));
         }
-        let tried = history.get(before..).unwrap_or(&[]);
         if let Some((point, _)) = search.startup.first() {
             let left = tried.len() < search.startup.len();
             if let Some(p) = edge::propose(
@@ -469,44 +459,169 @@ impl Optimizer for WithBaselines {
                 &search.plan,
                 &self.space,
                 point,
-                tried,
+                &tried,
                 left,
-            ) {
-                return Ok(p);
+            )
+            .filter(free)
+            {
+                return Ok(Some(p));
             }
         }
-        if let Some((c, note)) = search
-            .startup
-            .iter()
-            .skip(k)
-            .find(|(c, _)| !history.iter().any(|h| &h.config == c))
-        {
-            return Ok(Proposal {
+        if let Some((c, note)) = search.startup.iter().skip(k).find(|(c, _)| !taken(c)) {
+            return Ok(Some(Proposal {
                 config: c.clone(),
                 note: note.clone(),
                 expected_improvement: None,
+            }));
+        }
+        guided_proposal(self.kind, self.seed, &self.space, search, history, running)
+    }
+
+    /// The baselines, then the warm start, then the importance phase's moves: the first that
+    /// has not run (`taken`: ran or runs).
+    fn fixed(&self, taken: &dyn Fn(&Config) -> bool) -> Option<Proposal> {
+        if let Some(b) = self.baselines.iter().find(|b| !taken(b)) {
+            return Some(Proposal {
+                config: b.clone(),
+                note: "engine defaults (baseline)".into(),
+                expected_improvement: None,
             });
         }
-        let mut p = search.inner.propose(history)?;
-        let valid = oat::fill(&self.space, &search.frozen, &mut p.config).is_ok();
-        let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();
-        if valid && !seen.contains(&key(&p.config)) {
-            return Ok(p);
+        if let Some((c, from)) = self.warm.iter().find(|(c, _)| !taken(c)) {
+            return Some(Proposal {
+                config: c.clone(),
+                note: format!("warm start: {from}"),
+                expected_improvement: None,
+            });
         }
-        let mut rng = rng_for(self.seed ^ 0xD0_0B1E, history.len());
-        for _ in 0..50 {
-            let mut c = search.space.sample(&mut rng)?;
-            if oat::fill(&self.space, &search.frozen, &mut c).is_ok() && !seen.contains(&key(&c)) {
-                return Ok(Proposal {
-                    config: c,
-                    note: format!("{} (already tried; random instead)", p.note),
-                    expected_improvement: p.expected_improvement,
-                });
-            }
-        }
-        // A space this small is exhausted: measuring a point again at least narrows its noise.
-        Ok(p)
+        let n = self.moves.len();
+        let (i, m) = self
+            .moves
+            .iter()
+            .enumerate()
+            .find(|(_, m)| !taken(&m.config))?;
+        Some(Proposal {
+            config: m.config.clone(),
+            note: format!(
+                "importance phase {}/{n}: {} alone to {}",
+                i + 1,
+                m.param,
+                m.value
+            ),
+            expected_improvement: None,
+        })
     }
+
+    /// The finished trials after the baselines, the warm start and the phase, in the
+    /// history's order: the history less the first reading of each of their configurations
+    /// (a sequential study's history after its first `before` trials; with parallel trials
+    /// a baseline may finish after a start-up point).
+    fn after_stages(&self, history: &[Obs]) -> Vec<Obs> {
+        let mut first: HashSet<String> = self
+            .baselines
+            .iter()
+            .chain(self.warm.iter().map(|(c, _)| c))
+            .chain(self.moves.iter().map(|m| &m.config))
+            .map(key)
+            .collect();
+        history
+            .iter()
+            .filter(|h| !first.remove(&key(&h.config)))
+            .cloned()
+            .collect()
+    }
+}
+
+/// The model-guided proposal: the inner optimiser's on the history and the running trials'
+/// fantasised results, a configuration that ran or runs replaced by a fresh random point (a
+/// repeat teaches nothing). None: wait (the reports' procedure, or an exhausted space whose
+/// only proposal runs).
+fn guided_proposal(
+    kind: Algorithm,
+    seed: u64,
+    whole: &Space,
+    search: &mut Search,
+    history: &[Obs],
+    running: &[Config],
+) -> Result<Option<Proposal>, String> {
+    let Some(seen_so_far) = fantasised(kind, history, running) else {
+        return Ok(None);
+    };
+    // With nothing running, the history itself.
+    let history = &seen_so_far[..];
+    let mut p = search.inner.propose(history)?;
+    let valid = oat::fill(whole, &search.frozen, &mut p.config).is_ok();
+    let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();
+    if valid && !seen.contains(&key(&p.config)) {
+        return Ok(Some(p));
+    }
+    // The history's length counts the running trials: each proposal has its own stream.
+    let mut rng = rng_for(seed ^ 0xD0_0B1E, history.len());
+    for _ in 0..50 {
+        let mut c = search.space.sample(&mut rng)?;
+        if oat::fill(whole, &search.frozen, &mut c).is_ok() && !seen.contains(&key(&c)) {
+            return Ok(Some(Proposal {
+                config: c,
+                note: format!("{} (already tried; random instead)", p.note),
+                expected_improvement: p.expected_improvement,
+            }));
+        }
+    }
+    // A space this small is exhausted: measuring a point again at least narrows its noise,
+    // but measuring one twice at once does not.
+    if running.contains(&p.config) {
+        return Ok(None);
+    }
+    Ok(Some(p))
+}
+
+/// The history the inner optimiser proposes from while trials run: the finished trials, then
+/// each running one with a fantasised result (a "lie", Ginsbourger et al. 2010), so that the
+/// next proposal goes elsewhere. The history alone when nothing runs; None where the optimiser
+/// cannot propose before a running trial finishes. Its length counts the running trials, so
+/// the inner optimisers' per-proposal random streams (`rng_for(seed, history.len())`) differ
+/// across a batch. The lie, per optimiser:
+/// - TPE: Optuna's `constant_liar`: a running trial counts as the worst, infeasible but not
+///   failed (no value, nothing measured), so it lands in the "bad" density g and the next
+///   candidates are drawn away from it, without the crash region growing;
+/// - GP: CL-min (the constant liar at the minimum, Ginsbourger et al.): the worst feasible
+///   value observed, as value and as measured, with no slack (unknown): the posterior's
+///   variance, and so the expected improvement, collapse at and near the running point, while
+///   the slack models (fitted on measured slack only) learn nothing false and the point counts
+///   as no improvement; before any feasible trial the GP samples at random, and the lie is
+///   the TPE's;
+/// - Anneal: a rejected move (no value): the walk stays where it is and the next proposal is
+///   another neighbour of the current point;
+/// - Random and Grid read only the configurations (and the history's length): the TPE's lie;
+/// - Reports: its one-option-at-a-time procedure reads each result before the next step:
+///   None (wait).
+fn fantasised(kind: Algorithm, history: &[Obs], running: &[Config]) -> Option<Vec<Obs>> {
+    if running.is_empty() {
+        return Some(history.to_vec());
+    }
+    if kind == Algorithm::Reports {
+        return None;
+    }
+    let worst = history
+        .iter()
+        .filter_map(|o| o.value)
+        .reduce(f64::min)
+        .filter(|_| kind == Algorithm::Gp);
+    let lie = |c: &Config| Obs {
+        config: c.clone(),
+        value: worst,
+        failed: false,
+        measured: worst,
+        slack: Vec::new(),
+        decode: None,
+    };
+    Some(
+        history
+            .iter()
+            .cloned()
+            .chain(running.iter().map(lie))
+            .collect(),
+    )
 }
 
 /// Whether `c` is the workload's `point` or one of its back-offs: the same configuration but

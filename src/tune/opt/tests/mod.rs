@@ -385,5 +385,6 @@ fn the_effects_estimate_ranks_the_knobs_that_move_the_objective_and_not_the_idle
     assert!(effects(&space, &hist[..2]).is_none());
 }
 
+mod batch;
 mod importance;
 mod startup;

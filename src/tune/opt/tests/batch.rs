@@ -1,0 +1,205 @@
+//! Parallel trials: `propose_batch` while trials still run. K proposals in a row are K
+//! different points, the start-up design is taken in order across them, the stages that read
+//! a result wait for it, and nothing running is `propose` itself.
+
+use super::*;
+
+/// `k` proposals in a row while every earlier one still runs, after the finished `history`.
+fn batch(opt: &mut Box<dyn Optimizer + Send>, history: &[Obs], k: usize) -> Vec<Proposal> {
+    let mut running: Vec<Config> = Vec::new();
+    let mut out = Vec::new();
+    for _ in 0..k {
+        let p = opt
+            .propose_batch(history, &running)
+            .unwrap()
+            .expect("a model-based optimiser proposes while trials run");
+        running.push(p.config.clone());
+        out.push(p);
+    }
+    out
+}
+
+fn with_priors(budget: usize) -> Plan {
+    Plan {
+        budget,
+        ..priors(0.7, 4.0, 1)
+    }
+}
+
+#[test]
+fn k_proposals_while_k_run_are_pairwise_distinct_and_distinct_from_the_running_ones() {
+    for kind in [Algorithm::Tpe, Algorithm::Gp] {
+        for (plan, what) in [(Plan::budget(20), "no priors"), (with_priors(20), "priors")] {
+            for seed in 0..3 {
+                // Past the baselines and the start-up: the model proposes.
+                let h = run_with(kind, seed, 8, &plan);
+                let mut opt = make(kind, &toy(), seed, &plan);
+                let ps = batch(&mut opt, &h, 6);
+                let keys: HashSet<String> = ps.iter().map(|p| key(&p.config)).collect();
+                assert_eq!(keys.len(), 6, "{} {what} seed {seed}: {ps:?}", kind.name());
+                assert!(
+                    ps.iter().all(|p| !h.iter().any(|o| o.config == p.config)),
+                    "{} {what}: a batch repeats a finished trial",
+                    kind.name()
+                );
+                assert!(
+                    ps.iter().all(|p| !p.note.contains("start-up")),
+                    "{} {what}: {ps:?}",
+                    kind.name()
+                );
+                // The lie itself spreads the batch: no proposal had to be replaced by a
+                // random point for repeating a running one.
+                assert!(
+                    ps.iter().all(|p| !p.note.contains("random instead")),
+                    "{} {what} seed {seed}: {ps:?}",
+                    kind.name()
+                );
+                // The first is what a sequential study would propose there.
+                let alone = opt.propose(&h).unwrap();
+                assert_eq!(ps[0], alone, "{} {what}", kind.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn the_start_up_design_is_taken_in_order_across_a_batch() {
+    for kind in [Algorithm::Tpe, Algorithm::Gp] {
+        for plan in [Plan::budget(12), with_priors(12)] {
+            let n = startup_trials(kind, &toy(), &plan, 0);
+            assert!(n >= 3);
+            // Sequentially: the defaults, then the start-up's n points.
+            let h = run_with(kind, 4, 1 + n, &plan);
+            // In parallel from the start: the defaults still running take the first slot.
+            let mut opt = make(kind, &toy(), 4, &plan);
+            let ps = batch(&mut opt, &[], 1 + n);
+            let got: Vec<&Config> = ps.iter().map(|p| &p.config).collect();
+            let want: Vec<&Config> = h.iter().map(|o| &o.config).collect();
+            assert_eq!(got, want, "{}", kind.name());
+            // With the defaults finished and the first two design points running, the third.
+            let running = vec![h[1].config.clone(), h[2].config.clone()];
+            let p = opt.propose_batch(&h[..1], &running).unwrap().unwrap();
+            assert_eq!(p.config, h[3].config, "{}: {}", kind.name(), p.note);
+            // With the second finished before the first: still the third.
+            let finished = vec![h[0].clone(), h[2].clone()];
+            let p = opt
+                .propose_batch(&finished, &[h[1].config.clone()])
+                .unwrap()
+                .unwrap();
+            assert_eq!(p.config, h[3].config, "{}: {}", kind.name(), p.note);
+        }
+    }
+}
+
+#[test]
+fn a_batch_proposal_is_a_pure_function_of_the_history_and_the_running_trials() {
+    for kind in Algorithm::ALL {
+        let plan = with_priors(20);
+        let h = run_with(kind, 9, 10, &plan);
+        let running = vec![h[8].config.clone(), h[9].config.clone()];
+        let mut a = make(kind, &toy(), 9, &plan);
+        let mut b = make(kind, &toy(), 9, &plan);
+        // `a` has proposed before (its caches warm), `b` is fresh.
+        let _ = a.propose(&h[..5]);
+        let pa = a.propose_batch(&h[..8], &running).unwrap();
+        let pb = b.propose_batch(&h[..8], &running).unwrap();
+        assert_eq!(pa, pb, "{}", kind.name());
+        if kind != Algorithm::Reports {
+            let p = pa.expect("proposes while trials run");
+            assert!(!running.contains(&p.config), "{}", kind.name());
+            assert!(
+                !h[..8].iter().any(|o| o.config == p.config),
+                "{}",
+                kind.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn with_nothing_running_a_batch_proposal_is_the_sequential_one() {
+    for kind in Algorithm::ALL {
+        for plan in [Plan::budget(14), with_priors(14)] {
+            let h = run_with(kind, 2, 14, &plan);
+            let mut opt = make(kind, &toy(), 2, &plan);
+            for i in 0..h.len() {
+                let p = opt.propose_batch(&h[..i], &[]).unwrap();
+                assert_eq!(
+                    p.map(|p| p.config),
+                    Some(h[i].config.clone()),
+                    "{} at {i}",
+                    kind.name()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_importance_phase_runs_its_moves_in_parallel_then_waits_for_them() {
+    let plan = Plan {
+        budget: 16,
+        one_at_a_time: Some(oat::Settings { freeze_below: 0.03 }),
+        ..Plan::default()
+    };
+    let space = toy();
+    let moves = oat::moves(&space, &plan);
+    assert_eq!(moves.len(), 3);
+    for kind in [Algorithm::Gp, Algorithm::Tpe] {
+        let mut opt = make(kind, &space, 1, &plan);
+        // The defaults and the three moves at once.
+        let ps = batch(&mut opt, &[], 4);
+        assert_eq!(ps[0].config, space.defaults());
+        for (p, m) in ps[1..].iter().zip(&moves) {
+            assert_eq!(p.config, m.config, "{}", kind.name());
+        }
+        // Then nothing while a move or the defaults run.
+        let all: Vec<Obs> = ps.iter().map(|p| evaluate(&p.config)).collect();
+        for i in 0..4 {
+            let finished: Vec<Obs> = all.iter().take(i).cloned().collect();
+            let running: Vec<Config> = all[i..].iter().map(|o| o.config.clone()).collect();
+            let p = opt.propose_batch(&finished, &running).unwrap();
+            assert_eq!(p, None, "{} with {} finished", kind.name(), i);
+        }
+        // Once they finished, the search.
+        let p = opt.propose_batch(&all, &[]).unwrap().unwrap();
+        assert!(!p.note.contains("importance"), "{}", p.note);
+    }
+}
+
+#[test]
+fn the_reports_procedure_waits_while_a_trial_runs() {
+    let space = toy();
+    let mut opt = make(Algorithm::Reports, &space, 0, &Plan::budget(20));
+    assert_eq!(opt.propose_batch(&[], &[space.defaults()]).unwrap(), None);
+    let h = run(Algorithm::Reports, 0, 5);
+    let running = vec![h[4].config.clone()];
+    assert_eq!(opt.propose_batch(&h[..4], &running).unwrap(), None);
+    // The others propose a different point.
+    for kind in [Algorithm::Anneal, Algorithm::Random, Algorithm::Grid] {
+        let h = run(kind, 0, 5);
+        let mut opt = make(kind, &space, 0, &Plan::budget(20));
+        let ps = batch(&mut opt, &h[..4], 3);
+        let keys: HashSet<String> = ps.iter().map(|p| key(&p.config)).collect();
+        assert_eq!(keys.len(), 3, "{}: {ps:?}", kind.name());
+    }
+}
+
+#[test]
+fn the_gp_lies_at_the_worst_feasible_value_and_tpe_as_the_worst_trial() {
+    let h = run(Algorithm::Gp, 0, 6);
+    let worst = h.iter().filter_map(|o| o.value).reduce(f64::min);
+    let running = vec![toy().defaults()];
+    let gp = fantasised(Algorithm::Gp, &h, &running).unwrap();
+    assert_eq!(gp.len(), 7);
+    assert_eq!(gp[6].value, worst);
+    assert_eq!(gp[6].measured, worst);
+    assert!(gp[6].slack.is_empty() && !gp[6].failed);
+    let tpe = fantasised(Algorithm::Tpe, &h, &running).unwrap();
+    assert_eq!(
+        (tpe[6].value, tpe[6].measured, tpe[6].failed),
+        (None, None, false)
+    );
+    assert_eq!(fantasised(Algorithm::Reports, &h, &running), None);
+    assert_eq!(fantasised(Algorithm::Reports, &h, &[]), Some(h.clone()));
+}
