@@ -353,6 +353,7 @@ async fn trtllm_sglang_and_llama_server_start_up_failures_carry_the_engines_own_
             port: Duration::from_secs(5),
             ..Ladder::default()
         },
+        placement: None,
     };
     let Err(LaunchError::Failed { failure, .. }) = launch(&spec, &Patterns::default()).await else {
         panic!("expected port in use")
