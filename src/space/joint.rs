@@ -59,6 +59,7 @@ impl Space {
             platform: None,
             platform_default: Default::default(),
             prior: None,
+            gpu_factor: false,
         }];
         let mut constraints = Vec::new();
         for m in &members {
