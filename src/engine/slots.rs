@@ -188,6 +188,10 @@ impl Node {
     }
 }
 
+/// How a set of GPUs ranks, lowest best: its worst link; per link level, best first, the summed
+/// sizes of the free groups its GPUs come from (small: islands stay whole); its positions.
+type Score = (Link, Vec<usize>, Vec<usize>);
+
 /// Above this many candidate sets, a GPU group is chosen greedily instead of by trying every
 /// set (nodes have 8 or 16 GPUs: C(16, 8) = 12,870 sets are tried exactly).
 const EXACT_SETS: u64 = 50_000;
@@ -344,7 +348,7 @@ impl Pool {
             return None;
         }
         let sizes = self.group_sizes(&free);
-        let score = |set: &[usize]| -> (Link, Vec<usize>, Vec<usize>) {
+        let score = |set: &[usize]| -> Score {
             let worst = self.worst(set);
             let fit = sizes
                 .iter()
@@ -353,14 +357,15 @@ impl Pool {
             (worst, fit, set.to_vec())
         };
         if binomial(free.len() as u64, k as u64) <= EXACT_SETS {
-            let mut best: Option<((Link, Vec<usize>, Vec<usize>), Vec<usize>)> = None;
+            // The score ends with the set itself, so the best score carries its set.
+            let mut best: Option<Score> = None;
             for_each_subset(&free, k, &mut |set| {
                 let s = score(set);
-                if best.as_ref().is_none_or(|(b, _)| s < *b) {
-                    best = Some((s, set.to_vec()));
+                if best.as_ref().is_none_or(|b| s < *b) {
+                    best = Some(s);
                 }
             });
-            return best.map(|(_, set)| set);
+            return best.map(|(_, _, set)| set);
         }
         // Greedy from each free GPU: add the GPU that keeps the set best; keep the best set.
         free.iter()
