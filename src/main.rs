@@ -43,7 +43,7 @@ enum Command {
         #[command(flatten)]
         cfg: MockConfig,
         #[command(flatten)]
-        profile: servetune::mock::ProfileArgs,
+        profile: Box<servetune::mock::ProfileArgs>,
     },
     /// Search-space files: validate, show, sample rendered command lines.
     Space {

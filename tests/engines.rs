@@ -353,6 +353,7 @@ async fn trtllm_sglang_and_llama_server_start_up_failures_carry_the_engines_own_
             port: Duration::from_secs(5),
             ..Ladder::default()
         },
+        placement: None,
     };
     let Err(LaunchError::Failed { failure, .. }) = launch(&spec, &Patterns::default()).await else {
         panic!("expected port in use")
@@ -470,4 +471,61 @@ async fn the_reaper_kills_an_engine_its_dead_owner_left_and_forgets_it() {
     let e = running_defaults("vllm", &store, &dir.path().join("t2")).await;
     e.stop().unwrap();
     assert!(reap(&store).unwrap().is_empty());
+}
+
+/// Parallel trials: an engine launched with a placement sees only its GPUs. The mock, on a
+/// faked 8-GPU node, reports the devices it was given (`/v1/models`, start-up line), refuses
+/// tensor parallelism beyond them with vLLM's world-size message, and dies with CUDA's
+/// invalid device ordinal on a GPU the node lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placed_engine_sees_only_its_gpus_and_reports_them() {
+    use servetune::engine::slots::Placement;
+    let s = quick(space("vllm"));
+    let binary = common::mock_engine("vllm", &["--mock-gpus", "8"]);
+    let placed = |gpus: Vec<u32>| {
+        let mut l = common::launcher(None, binary.clone());
+        l.placement = Some(Placement {
+            gpus,
+            cores: vec![],
+        });
+        l
+    };
+    let tp = |n: i64| common::with(s.defaults(), &[("tensor_parallel_size", Value::Int(n))]);
+    let dir = tempfile::tempdir().unwrap();
+    let e = placed(vec![2, 3])
+        .start(&s, &tp(2), "m", dir.path())
+        .await
+        .unwrap();
+    let models: serde_json::Value = reqwest::get(format!("{}/v1/models", e.base_url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        models["data"][0]["servetune_devices"],
+        serde_json::json!([2, 3])
+    );
+    let log = std::fs::read_to_string(&e.log).unwrap();
+    assert!(log.contains("on devices 2,3"), "{log}");
+    e.stop().unwrap();
+
+    for (gpus, size, want) in [
+        (
+            vec![2, 3],
+            4,
+            "World size (4) is larger than the number of available GPUs (2)",
+        ),
+        (vec![8], 1, "CUDA error: invalid device ordinal"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let Err(servetune::engine::trial::TrialError::Launch(LaunchError::Failed {
+            failure, ..
+        })) = placed(gpus).start(&s, &tp(size), "m", dir.path()).await
+        else {
+            panic!("expected a start-up failure for {want}")
+        };
+        assert_eq!(failure.class, FailureClass::Unsupported);
+        assert!(failure.evidence.contains(want), "{}", failure.evidence);
+    }
 }

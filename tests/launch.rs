@@ -30,6 +30,7 @@ fn spec(dir: &std::path::Path, port: u16, extra: &[&str], ladder: Ladder) -> Lau
         models_path: "/v1/models".into(),
         log: dir.join(format!("engine-{port}.log")),
         ladder,
+        placement: None,
     }
 }
 

@@ -18,7 +18,7 @@ use servetune::mock::profile::{default_version, Machine};
 use servetune::mock::sim::{Hardware, ModelSpec};
 use servetune::space::{Config, Space};
 use servetune::store::Store;
-use servetune::telemetry::TelemetrySummary;
+use servetune::telemetry::{Link, TelemetrySummary};
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
 use servetune::tune::records::{Phase, Records, TrialKind, TrialStatus};
 use servetune::tune::spec::Study;
@@ -90,7 +90,7 @@ impl Evaluator for Tracked {
         self.stop().await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let s = self.sim.start(cfg, dir).await?;
-        let p = self.placed.clone().unwrap_or_default();
+        let p = self.placed.clone().unwrap_or(Placement { gpus: vec![], cores: vec![] });
         let mut seen = self.seen.lock().unwrap();
         let clashes: Vec<String> = seen
             .running
@@ -128,7 +128,7 @@ impl Evaluator for Tracked {
     async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
         if self.started {
             self.started = false;
-            let p = self.placed.clone().unwrap_or_default();
+            let p = self.placed.clone().unwrap_or(Placement { gpus: vec![], cores: vec![] });
             let mut seen = self.seen.lock().unwrap();
             if let Some(i) = seen.running.iter().position(|q| *q == p) {
                 seen.running.remove(i);
@@ -189,7 +189,10 @@ fn runner(
 ) -> Runner<Tracked> {
     let study = Study::parse(text, Path::new("par.toml")).unwrap();
     let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
-    let space = servetune::tune::restrict(space, study.spec.study.params.as_deref()).unwrap();
+    let mut space =
+        servetune::tune::restrict(space, study.spec.study.params.as_deref()).unwrap();
+    // The study's node: its GPUs bound the tensor-parallel size (`{gpu_count}`).
+    space.vars.insert("gpu_count".into(), i64::from(gpus.max(1)));
     let tracked = |seen: &Arc<Mutex<Seen>>| Tracked {
         sim: sim(&space, &study, gpus),
         seen: seen.clone(),
@@ -197,7 +200,7 @@ fn runner(
         started: false,
         slow,
     };
-    let node = Node::fake((0..gpus).collect(), Vec::new(), (0..16).collect());
+    let node = Node::fake((0..gpus).collect(), islands(gpus), (0..16).collect());
     let pool = Pool::new(node, 0, Some(slots)).unwrap();
     let evals = (0..slots).map(|_| tracked(seen)).collect();
     let dir = tempfile::tempdir().unwrap().keep();
@@ -210,6 +213,17 @@ fn runner(
     );
     r.parallel = Some(Slots { pool, evals });
     r
+}
+
+/// Two NVLink islands of four GPUs each (0-3, 4-7), joined across NUMA nodes.
+fn islands(gpus: u32) -> Vec<Vec<Link>> {
+    (0..gpus)
+        .map(|a| {
+            (0..gpus)
+                .map(|b| if a / 4 == b / 4 { Link::NvLink } else { Link::Numa })
+                .collect()
+        })
+        .collect()
 }
 
 const PARAMS: &str = "\"max_num_seqs\", \"max_num_batched_tokens\", \"enable_chunked_prefill\"";
@@ -358,4 +372,47 @@ async fn a_parallel_study_interrupted_with_trials_running_resumes_every_one_of_t
         after.iter().filter(|t| t.kind == TrialKind::Search).count(),
         12
     );
+}
+
+#[tokio::test]
+async fn mixed_tensor_parallel_sizes_on_an_8_gpu_node_get_their_gpus_in_one_island_and_share_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db")).unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let params = "\"max_num_seqs\", \"max_num_batched_tokens\", \"tensor_parallel_size\"";
+    let text = study_text("mixed", 16, params, "");
+    let mut r = runner(&store, &text, 8, 8, &seen, 1.0);
+    let rec = r.run().await.unwrap();
+    assert_eq!(rec.phase, Phase::Done);
+    assert!(
+        seen.lock().unwrap().shared.is_empty(),
+        "{:?}",
+        seen.lock().unwrap().shared
+    );
+    assert!(seen.lock().unwrap().most <= 8);
+    let trials = Records::new(store.clone()).trials(&rec.id).unwrap();
+    let search: Vec<_> = trials
+        .iter()
+        .filter(|t| t.kind == TrialKind::Search)
+        .collect();
+    assert_eq!(search.len(), 16);
+    let mut sizes = BTreeSet::new();
+    for t in &search {
+        let tp = match t.config.get("tensor_parallel_size") {
+            Some(servetune::space::Value::Int(v)) => *v as usize,
+            _ => 1,
+        };
+        sizes.insert(tp);
+        let p = t.slot.as_ref().expect("every trial has its slot");
+        assert_eq!(p.gpus.len(), tp, "trial {}: {p:?} for TP {tp}", t.seq);
+        if tp <= 4 {
+            let island = p.gpus[0] / 4;
+            assert!(
+                p.gpus.iter().all(|g| g / 4 == island),
+                "trial {}: TP {tp} across islands: {p:?}",
+                t.seq
+            );
+        }
+    }
+    assert!(sizes.len() >= 2, "the test needs mixed sizes: {sizes:?}");
 }

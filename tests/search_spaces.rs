@@ -71,3 +71,30 @@ fn shipped_spaces_validate_and_render() {
     let joint = Space::load_engines(dir, &names.join("+")).unwrap();
     assert_eq!(joint.baselines().len(), names.len());
 }
+
+/// The GPU engines' tensor-parallel size is what a trial's GPU count follows (`gpu_factor`);
+/// llama.cpp, a single process, needs one.
+#[test]
+fn shipped_spaces_size_trials_by_their_tensor_parallelism() {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/search-spaces"));
+    for (engine, tp) in [
+        ("vllm", "tensor_parallel_size"),
+        ("sglang", "tp_size"),
+        ("trtllm", "tp_size"),
+    ] {
+        let s = Space::load(&dir.join(format!("{engine}.toml"))).unwrap();
+        let mut cfg = s.defaults();
+        assert_eq!(s.gpus_needed(&cfg), 1, "{engine}");
+        cfg.insert(tp.into(), servetune::space::Value::Int(4));
+        assert_eq!(s.gpus_needed(&cfg), 4, "{engine}");
+        let factors: Vec<&str> = s
+            .params
+            .iter()
+            .filter(|p| p.gpu_factor)
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(factors, [tp], "{engine}");
+    }
+    let l = Space::load(&dir.join("llamacpp.toml")).unwrap();
+    assert_eq!(l.gpus_needed(&l.defaults()), 1);
+}

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use super::failure::{Failure, FailureClass, Patterns};
 use super::process::{log_tail, EngineProcess, ProcessError};
+use super::slots::Placement;
 use crate::space::Ladder;
 
 /// The rungs of the readiness ladder.
@@ -35,6 +36,8 @@ pub struct LaunchSpec {
     pub models_path: String,
     pub log: PathBuf,
     pub ladder: Ladder,
+    /// The devices and cores the engine is confined to (parallel trials); `None`: the node.
+    pub placement: Option<Placement>,
 }
 
 /// An engine that passed every rung.
@@ -131,7 +134,8 @@ pub async fn launch_with(
     patterns: &Patterns,
     on_spawn: impl FnOnce(i32) -> Result<(), String>,
 ) -> Result<Ready, LaunchError> {
-    let mut process = EngineProcess::spawn(&spec.argv, &spec.env, &spec.log)?;
+    let mut process =
+        EngineProcess::spawn_placed(&spec.argv, &spec.env, &spec.log, spec.placement.as_ref())?;
     if let Err(why) = on_spawn(process.pgid()) {
         let _ = process.terminate(Duration::from_secs(10));
         return Err(LaunchError::Record(why));

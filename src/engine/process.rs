@@ -1,7 +1,9 @@
 //! An engine process: spawned from an argv vector (never a shell) in its own process group,
 //! output captured to a log file, and torn down as a group: SIGTERM, a grace period, SIGKILL,
 //! then a check that no process of the group is left. Dropping an [`EngineProcess`] tears it
-//! down too, so a panic or an early return never leaves an engine running.
+//! down too, so a panic or an early return never leaves an engine running. A trial's
+//! [`Placement`] confines the engine at spawn: its devices through the environment, its cores
+//! through `sched_setaffinity` in the child before `exec`.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -9,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
+
+use super::slots::Placement;
 
 #[derive(Debug, Error)]
 pub enum ProcessError {
@@ -146,6 +150,26 @@ pub fn terminate_group(
     Err(ProcessError::Leftover { pgid })
 }
 
+/// A CPU set holding `cores`; a core beyond the set's capacity is an error naming it.
+fn cpu_set(cores: &[usize]) -> std::io::Result<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cores {
+        if c >= libc::CPU_SETSIZE as usize {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "core {c} is beyond the {} a CPU set holds",
+                    libc::CPU_SETSIZE
+                ),
+            ));
+        }
+        // SAFETY: c < CPU_SETSIZE.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    Ok(set)
+}
+
 /// The last `n` lines of a log file.
 pub fn log_tail(path: &Path, n: usize) -> String {
     let text = std::fs::read(path).unwrap_or_default();
@@ -160,6 +184,19 @@ impl EngineProcess {
         argv: &[String],
         env: &[(String, String)],
         log: &Path,
+    ) -> Result<Self, ProcessError> {
+        Self::spawn_placed(argv, env, log, None)
+    }
+
+    /// As `spawn`, confined to `placement`: its environment (`CUDA_VISIBLE_DEVICES`) over
+    /// `env`, and, when it names cores, the child's CPU affinity set to them before `exec`
+    /// (inherited by every process the engine starts). The CPU set is built here, before the
+    /// fork; the child only makes the one async-signal-safe `sched_setaffinity` call.
+    pub fn spawn_placed(
+        argv: &[String],
+        env: &[(String, String)],
+        log: &Path,
+        placement: Option<&Placement>,
     ) -> Result<Self, ProcessError> {
         let Some(program) = argv.first().cloned() else {
             return Err(ProcessError::Spawn {
@@ -190,6 +227,28 @@ impl EngineProcess {
             .stdout(logf)
             .stderr(errf)
             .process_group(0);
+        if let Some(p) = placement {
+            cmd.envs(p.env());
+            if !p.cores.is_empty() {
+                let set = cpu_set(&p.cores).map_err(|source| ProcessError::Spawn {
+                    program: program.clone(),
+                    source,
+                })?;
+                // SAFETY: the closure runs in the child between fork and exec; it only calls
+                // sched_setaffinity (async-signal-safe) on a set built before the fork, and
+                // reads errno without allocating.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+                            != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
+        }
         let child = cmd.spawn().map_err(|source| ProcessError::Spawn {
             program: program.clone(),
             source,
@@ -300,6 +359,59 @@ mod tests {
         p.terminate(Duration::from_millis(300)).unwrap();
         assert!(!group_running(pgid), "a process of the group still runs");
         assert!(log_tail(&log, 5).contains("started"));
+    }
+
+    /// A placement pins the engine: `cat /proc/self/status` (no shell) runs on the one core
+    /// it was given, and the devices are in its environment (`/proc/<pid>/environ` of a
+    /// sleeping engine).
+    #[tokio::test]
+    async fn a_placement_sets_the_cores_and_the_visible_devices() {
+        let dir = tempfile::tempdir().unwrap();
+        let core = *crate::engine::slots::affinity().unwrap().last().unwrap();
+        let placement = Placement {
+            gpus: vec![2, 3],
+            cores: vec![core],
+        };
+        let log = dir.path().join("status.log");
+        let argv = vec!["cat".to_string(), "/proc/self/status".to_string()];
+        let mut p = EngineProcess::spawn_placed(&argv, &[], &log, Some(&placement)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while p.exited().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let status = std::fs::read_to_string(&log).unwrap();
+        let allowed = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .unwrap_or_else(|| panic!("no Cpus_allowed_list in {status}"));
+        assert_eq!(allowed.trim(), core.to_string());
+
+        let env = [("CUDA_VISIBLE_DEVICES".to_string(), "0".to_string())];
+        let argv = vec!["sleep".to_string(), "30".to_string()];
+        let log = dir.path().join("sleep.log");
+        let p = EngineProcess::spawn_placed(&argv, &env, &log, Some(&placement)).unwrap();
+        let environ = std::fs::read(format!("/proc/{}/environ", p.pgid())).unwrap();
+        let vars: Vec<String> = environ
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        assert!(
+            vars.contains(&"CUDA_VISIBLE_DEVICES=2,3".to_string()),
+            "{vars:?}"
+        );
+        assert!(
+            !vars.contains(&"CUDA_VISIBLE_DEVICES=0".to_string()),
+            "the placement wins"
+        );
+        assert!(vars.contains(&"CUDA_DEVICE_ORDER=PCI_BUS_ID".to_string()));
+        p.terminate(Duration::from_secs(5)).unwrap();
+
+        let far = Placement {
+            gpus: vec![],
+            cores: vec![1 << 20],
+        };
+        let e = EngineProcess::spawn_placed(&argv, &[], &log, Some(&far)).unwrap_err();
+        assert!(format!("{e:?}").contains("core 1048576"), "{e:?}");
     }
 
     #[tokio::test]

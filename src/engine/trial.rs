@@ -19,6 +19,7 @@ use super::failure::{FailureClass, Patterns};
 use super::launch::{launch_with, LaunchError, LaunchSpec, Ready};
 use super::process::free_port;
 use super::reap::{groups_with_tag, TAG_ENV};
+use super::slots::Placement;
 
 #[derive(Debug, Error)]
 pub enum TrialError {
@@ -53,8 +54,10 @@ pub struct Launcher {
     /// Replaces the `{binary}` element of every engine's argv (the mock engine in tests and on
     /// machines without the engine: `servetune mock-engine --profile vllm --`).
     pub binary: Option<Vec<String>>,
-    /// The devices the engine is pinned to (a parallel study's slot).
-    pub placement: Option<crate::engine::slots::Placement>,
+    /// The slot of a parallel trial (`slots::Pool::take`): the engine sees only its GPUs and
+    /// runs only on its cores, and the foreign-process check and the wait for released memory
+    /// look at its GPUs only (the other GPUs belong to other trials). `None`: the whole node.
+    pub placement: Option<Placement>,
 }
 
 impl Launcher {
@@ -204,10 +207,16 @@ impl Launcher {
                 source,
             })?;
         }
+        let mine = self.placement.as_ref().map(|p| p.gpus.as_slice());
         if self.refuse_foreign_gpu_processes {
-            self.telemetry.check_no_foreign(&[])?;
+            self.telemetry.check_no_foreign_on(&[], mine)?;
         }
-        let baseline = self.telemetry.memory_used();
+        let baseline: Vec<(u32, u64)> = self
+            .telemetry
+            .memory_used()
+            .into_iter()
+            .filter(|(g, _)| mine.is_none_or(|m| m.contains(g)))
+            .collect();
         let host_available = crate::telemetry::host_memory::mem_available();
         let tag = new_tag();
         let log = dir.join("engine.log");
@@ -236,6 +245,7 @@ impl Launcher {
             models_path: space.engine.models.clone(),
             log: log.clone(),
             ladder: space.engine.ladder(),
+            placement: self.placement.clone(),
         };
         // From here on the engine may exist: if this future is dropped before it is handed
         // over (the study was stopped during start-up), the guard kills whatever carries the

@@ -123,6 +123,9 @@ pub struct EngineMode {
     pub engine: live::Engine,
     /// Canonical metric → the engine's Prometheus name.
     pub metric_names: Vec<(String, String)>,
+    /// The GPUs the engine was given (`CUDA_VISIBLE_DEVICES`), reported in `/v1/models` as
+    /// `servetune_devices`; `None` when it was given the whole node.
+    pub devices: Option<Vec<u32>>,
 }
 
 struct Shared {
@@ -298,13 +301,14 @@ async fn health(State(s): State<Arc<Shared>>) -> Response {
 }
 
 async fn models(State(s): State<Arc<Shared>>) -> Response {
-    s.finish(
-        Json(json!({"object": "list", "data": [{
-            "id": s.cfg.model, "object": "model", "created": s.created, "owned_by": "servetune-mock",
-            "meta": {"n_vocab": s.cfg.vocab_size}
-        }]}))
-        .into_response(),
-    )
+    let mut model = json!({
+        "id": s.cfg.model, "object": "model", "created": s.created, "owned_by": "servetune-mock",
+        "meta": {"n_vocab": s.cfg.vocab_size}
+    });
+    if let Some(d) = s.mode.as_ref().and_then(|m| m.devices.as_ref()) {
+        model["servetune_devices"] = json!(d);
+    }
+    s.finish(Json(json!({"object": "list", "data": [model]})).into_response())
 }
 
 #[derive(Deserialize)]
@@ -402,6 +406,12 @@ pub struct ProfileArgs {
     /// GPUs on the node (tensor parallelism beyond them fails).
     #[arg(long, default_value_t = 1)]
     pub mock_gpus: u32,
+    /// The GPUs the engine may use, as CUDA reads `CUDA_VISIBLE_DEVICES` (which sets it when
+    /// the flag is absent): indices of the node's `--mock-gpus`, comma-separated. The engine
+    /// then has that many GPUs and reports them (start-up line, `/v1/models`); an index the
+    /// node lacks dies with CUDA's invalid device ordinal. Ignored on the cpu machine.
+    #[arg(long, env = "CUDA_VISIBLE_DEVICES")]
+    pub mock_visible_devices: Option<String>,
     /// CPU cores (what --threads competes for on the cpu machine).
     #[arg(long, default_value_t = 16)]
     pub mock_cores: u32,
@@ -464,25 +474,74 @@ impl ProfileArgs {
     }
 }
 
+impl ProfileArgs {
+    /// The GPUs `--mock-visible-devices` (`CUDA_VISIBLE_DEVICES`) gives the engine on `hw`:
+    /// `None` for the whole node (unset, or a CPU machine); an index the node lacks, one listed
+    /// twice or none at all dies as CUDA does.
+    pub fn visible_devices(&self, hw: &sim::Hardware) -> Result<Option<Vec<u32>>, profile::Fatal> {
+        let Some(raw) = self.mock_visible_devices.as_deref() else {
+            return Ok(None);
+        };
+        if hw.sm == 0 {
+            return Ok(None);
+        }
+        let dead = |log: String| profile::Fatal {
+            log,
+            exit_code: 1,
+            after_s: 0.5,
+        };
+        let mut devices: Vec<u32> = Vec::new();
+        for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match item.parse::<u32>() {
+                Ok(d) if d < hw.gpus && !devices.contains(&d) => devices.push(d),
+                _ => {
+                    return Err(dead(format!(
+                        "RuntimeError: CUDA error: invalid device ordinal (CUDA_VISIBLE_DEVICES={raw}: {item:?} is not a device of this node's {} GPUs, or is listed twice)\n",
+                        hw.gpus
+                    )))
+                }
+            }
+        }
+        if devices.is_empty() {
+            return Err(dead(format!(
+                "RuntimeError: No CUDA GPUs are available (CUDA_VISIBLE_DEVICES={raw:?})\n"
+            )));
+        }
+        Ok(Some(devices))
+    }
+}
+
+/// Prints a start-up failure as the engine would, after its start-up time; the exit code.
+async fn die(f: profile::Fatal) -> i32 {
+    tokio::time::sleep(Duration::from_secs_f64(f.after_s)).await;
+    eprint!("{}", f.log);
+    f.exit_code
+}
+
 /// `servetune mock-engine --profile P -- ARGS`: behaves as engine P started with ARGS. Returns
 /// the exit code.
 pub async fn run_profile_cli(p: &ProfileArgs, mut cfg: MockConfig) -> anyhow::Result<i32> {
     let name = p.profile.clone().unwrap_or_default();
-    let m = p.machine(&name).map_err(anyhow::Error::msg)?;
-    let launch = match profile::parse(&name, &p.engine_args, &m) {
-        Ok(profile::Parsed::Print(text)) => {
+    let mut m = p.machine(&name).map_err(anyhow::Error::msg)?;
+    let devices = p.visible_devices(&m.hw);
+    if let Ok(Some(d)) = &devices {
+        m.hw.gpus = d.len() as u32;
+    }
+    let launch = match (profile::parse(&name, &p.engine_args, &m), devices.clone()) {
+        (Ok(profile::Parsed::Print(text)), _) => {
             print!("{text}");
             return Ok(0);
         }
-        Err(f) => {
-            tokio::time::sleep(Duration::from_secs_f64(f.after_s)).await;
-            eprint!("{}", f.log);
-            return Ok(f.exit_code);
-        }
-        Ok(profile::Parsed::Serve(l)) => l,
+        (Err(f), _) | (_, Err(f)) => return Ok(die(f).await),
+        (Ok(profile::Parsed::Serve(l)), Ok(_)) => l,
     };
+    let devices = devices.ok().flatten();
+    let on = devices.as_ref().map_or(String::new(), |d| {
+        let d: Vec<String> = d.iter().map(u32::to_string).collect();
+        format!(" on devices {}", d.join(","))
+    });
     eprintln!(
-        "servetune mock-engine: imitating {name} {} on {} with model {} ({})",
+        "servetune mock-engine: imitating {name} {} on {} with model {} ({}){on}",
         m.version, m.hw.name, launch.model, m.model.name
     );
     tokio::time::sleep(Duration::from_secs_f64(p.mock_startup_s)).await;
@@ -544,6 +603,7 @@ pub async fn run_profile_cli(p: &ProfileArgs, mut cfg: MockConfig) -> anyhow::Re
             profile: name.clone(),
             engine,
             metric_names,
+            devices,
         }),
         crash,
     )?;
@@ -576,5 +636,77 @@ pub async fn run_cli(host: &str, port: u16, cfg: MockConfig) -> anyhow::Result<i
             handle.stop().await;
             Ok(0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        p: ProfileArgs,
+    }
+
+    fn args(extra: &[&str]) -> ProfileArgs {
+        Cli::try_parse_from(std::iter::once("mock-engine").chain(extra.iter().copied()))
+            .unwrap()
+            .p
+    }
+
+    /// The engine sees the devices it was given (`CUDA_VISIBLE_DEVICES`, here through its flag:
+    /// the process environment is the binary's to read), refuses tensor parallelism beyond
+    /// them with vLLM's world-size message, and dies as CUDA does on a device the node lacks.
+    #[test]
+    fn visible_devices_bound_the_engine_and_a_missing_one_dies_as_cuda_does() {
+        let p = args(&["--mock-gpus", "8", "--mock-visible-devices", "2,3"]);
+        let mut m = p.machine("vllm").unwrap();
+        let d = p.visible_devices(&m.hw).unwrap();
+        assert_eq!(d, Some(vec![2, 3]));
+        m.hw.gpus = 2;
+        let argv = |tp: &str| -> Vec<String> {
+            ["serve", "m", "--port", "1", "--tensor-parallel-size", tp]
+                .map(String::from)
+                .to_vec()
+        };
+        assert!(matches!(
+            profile::parse("vllm", &argv("2"), &m),
+            Ok(profile::Parsed::Serve(_))
+        ));
+        let Err(f) = profile::parse("vllm", &argv("4"), &m) else {
+            panic!("tp 4 on 2 devices must fail")
+        };
+        assert!(
+            f.log
+                .contains("World size (4) is larger than the number of available GPUs (2)"),
+            "{}",
+            f.log
+        );
+        for bad in ["8", "1,1", "a", ""] {
+            let p = args(&["--mock-gpus", "8", "--mock-visible-devices", bad]);
+            let f = p
+                .visible_devices(&p.machine("vllm").unwrap().hw)
+                .unwrap_err();
+            assert_eq!(f.exit_code, 1);
+            assert!(
+                f.log
+                    .starts_with("RuntimeError: CUDA error: invalid device ordinal")
+                    || f.log
+                        .starts_with("RuntimeError: No CUDA GPUs are available"),
+                "{bad}: {}",
+                f.log
+            );
+        }
+        // Unset: the whole node; a CPU machine ignores the variable, as vLLM's CPU build does.
+        let mut p = args(&["--mock-gpus", "8", "--mock-visible-devices", "9"]);
+        let cpu = args(&["--mock-hardware", "cpu", "--mock-visible-devices", "9"]);
+        assert_eq!(
+            cpu.visible_devices(&cpu.machine("vllm").unwrap().hw),
+            Ok(None)
+        );
+        p.mock_visible_devices = None;
+        assert_eq!(p.visible_devices(&p.machine("vllm").unwrap().hw), Ok(None));
     }
 }

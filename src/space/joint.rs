@@ -60,6 +60,7 @@ impl Space {
             platform_default: Default::default(),
             prior: None,
             slot_default: None,
+            gpu_factor: false,
         }];
         let mut constraints = Vec::new();
         for m in &members {

@@ -321,6 +321,10 @@ pub struct Param {
     /// the machine on its one core.
     #[serde(default)]
     pub slot_default: Option<SlotDefault>,
+    /// The value multiplies the GPUs a trial needs (`tensor_parallel_size`: one GPU per rank);
+    /// an integer parameter of at least 1. See `Space::gpus_needed`.
+    #[serde(default)]
+    pub gpu_factor: bool,
 }
 
 /// See `Param::slot_default`.
@@ -569,6 +573,25 @@ impl Space {
 
     pub fn active(&self, p: &Param, cfg: &Config) -> bool {
         p.when.iter().all(|(k, c)| c.holds(cfg.get(k)))
+    }
+
+    /// The GPUs a trial of `cfg` needs: the product of its active `gpu_factor` parameters
+    /// (an absent one at its default), 1 when there are none. For a joint space, the chosen
+    /// engine's (1 when the point names no engine of the space).
+    pub fn gpus_needed(&self, cfg: &Config) -> u32 {
+        if !self.members.is_empty() {
+            return self
+                .split(cfg)
+                .map_or(1, |(member, sub)| member.gpus_needed(&sub));
+        }
+        self.params
+            .iter()
+            .filter(|p| p.gpu_factor && self.active(p, cfg))
+            .map(|p| match cfg.get(&p.name).unwrap_or(&p.default) {
+                Value::Int(i) => u32::try_from((*i).max(1)).unwrap_or(u32::MAX),
+                _ => 1,
+            })
+            .fold(1u32, u32::saturating_mul)
     }
 
     /// The engine's defaults: the baseline every trial is compared with (for a joint space,

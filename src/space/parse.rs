@@ -36,6 +36,7 @@ const PARAM_KEYS: &[&str] = &[
     "platform_default",
     "prior",
     "slot_default",
+    "gpu_factor",
 ];
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -242,6 +243,12 @@ fn check_param(q: &Param, engine: &EngineMeta) -> Result<(), String> {
         return Err("`source` must say where the flag and its default come from".into());
     }
     validate_kind(q)?;
+    if q.gpu_factor && !matches!(q.kind, Kind::Int { min, .. } if min >= 1) {
+        return Err(
+            "`gpu_factor` is for an integer parameter with min >= 1 (the GPUs a trial needs)"
+                .into(),
+        );
+    }
     if let Some(pr) = &q.prior {
         let vars: Vec<&str> = engine.vars.keys().map(String::as_str).collect();
         pr.at(q, &vars)?;

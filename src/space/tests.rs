@@ -787,3 +787,85 @@ fn bad_priors_name_the_parameter_and_what_is_wrong() {
         );
     }
 }
+
+/// MINI with `tp` (a GPU factor, active only with `cb`) and `pp` (a GPU factor).
+fn with_gpu_factors() -> String {
+    format!(
+        "{MINI}
+[[param]]
+name = \"tp\"
+flag = \"--tp\"
+type = \"int\"
+min = 1
+max = 8
+default = 1
+gpu_factor = true
+when = {{ cb = true }}
+source = \"test\"
+
+[[param]]
+name = \"pp\"
+flag = \"--pp\"
+type = \"int\"
+min = 1
+max = 4
+default = 2
+gpu_factor = true
+source = \"test\"
+"
+    )
+}
+
+#[test]
+fn gpus_needed_is_the_product_of_the_active_gpu_factors() {
+    let s = Space::parse(&with_gpu_factors(), "g.toml").unwrap();
+    let mut cfg = s.defaults();
+    assert_eq!(s.gpus_needed(&cfg), 2, "pp's default 2, tp's 1");
+    cfg.insert("tp".into(), Value::Int(4));
+    assert_eq!(s.gpus_needed(&cfg), 8);
+    cfg.insert("cb".into(), Value::Bool(false));
+    assert_eq!(s.gpus_needed(&cfg), 2, "tp is inactive without cb");
+    cfg.remove("pp");
+    assert_eq!(
+        s.gpus_needed(&cfg),
+        2,
+        "an absent factor counts at its default"
+    );
+    // No factor at all: one GPU.
+    let mini = Space::parse(MINI, "x.toml").unwrap();
+    assert_eq!(mini.gpus_needed(&mini.defaults()), 1);
+    // A joint space resolves the chosen engine.
+    let g = Space::parse(
+        &with_gpu_factors().replace("name = \"x\"", "name = \"g\""),
+        "g.toml",
+    )
+    .unwrap();
+    let j = Space::joint(vec![mini, g]).unwrap();
+    let mut point = j.baselines()[1].clone();
+    point.insert("g.tp".into(), Value::Int(2));
+    point.insert("g.pp".into(), Value::Int(3));
+    assert_eq!(j.gpus_needed(&point), 6);
+    assert_eq!(j.gpus_needed(&j.baselines()[0]), 1);
+    assert_eq!(j.gpus_needed(&Config::new()), 1, "no engine named");
+}
+
+#[test]
+fn a_gpu_factor_must_be_an_integer_of_at_least_one() {
+    for (from, to) in [
+        ("min = 1\nmax = 8", "min = 0\nmax = 8"),
+        (
+            "name = \"tp\"\nflag = \"--tp\"\ntype = \"int\"\nmin = 1\nmax = 8\ndefault = 1",
+            "name = \"tp\"\nflag = \"--tp\"\ntype = \"float\"\nmin = 1.0\nmax = 8.0\ndefault = 1.0",
+        ),
+    ] {
+        let text = with_gpu_factors().replace(from, to);
+        let e = Space::parse(&text, "g.toml").unwrap_err().to_string();
+        assert!(
+            e.starts_with("g.toml:") && e.contains("\"tp\"") && e.contains("`gpu_factor`"),
+            "{e}"
+        );
+    }
+    let text = with_gpu_factors().replace("gpu_factor = true", "gpu_factor = \"yes\"");
+    let e = Space::parse(&text, "g.toml").unwrap_err().to_string();
+    assert!(e.starts_with("g.toml:"), "{e}");
+}

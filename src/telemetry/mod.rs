@@ -72,6 +72,26 @@ pub struct GpuProcess {
     pub used_bytes: Option<u64>,
 }
 
+/// How two GPUs of the node are connected, best first (so `Ord` ranks them: a set of GPUs is
+/// as well connected as its worst pair). NVLink, directly or through NVSwitch, then NVML's
+/// PCIe topology levels (`nvmlDeviceGetTopologyCommonAncestor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Link {
+    /// An active NVLink between the two, or NVLink peer access through an NVSwitch.
+    NvLink,
+    /// On one board (NVML `Internal`, e.g. the two GPUs of a K80).
+    Board,
+    /// Under one PCIe switch tree (NVML `Single` and `Multiple`): no host bridge crossed.
+    Switch,
+    /// Through one host bridge (NVML `HostBridge`).
+    HostBridge,
+    /// Within one NUMA node, across host bridges (NVML `Node`).
+    Numa,
+    /// Across NUMA nodes (NVML `System`); also what an unknown link counts as.
+    System,
+}
+
 /// The source of GPU readings: NVML on a real node, a scripted one in tests.
 pub trait GpuSource: Send + Sync {
     fn gpus(&self) -> Vec<GpuInfo>;
@@ -79,6 +99,25 @@ pub trait GpuSource: Send + Sync {
     fn processes(&self) -> Vec<GpuProcess>;
     fn driver_version(&self) -> Option<String>;
     fn cuda_version(&self) -> Option<String>;
+    /// How GPUs `a` and `b` (indices) are connected; `None` when the source cannot tell.
+    fn link(&self, _a: u32, _b: u32) -> Option<Link> {
+        None
+    }
+}
+
+/// NVML's `NVML_NVLINK_MAX_LINKS` (nvml.h, 18 since Hopper): the link numbers to look at.
+const NVLINK_MAX_LINKS: u32 = 18;
+
+/// Whether two PCI bus ids (`00000000:07:00.0`, `0000:07:00.0`) name the same function: NVML
+/// pads the domain differently in different structures, so they are compared as numbers.
+fn same_pci(a: &str, b: &str) -> bool {
+    let parse = |s: &str| -> Option<Vec<u64>> {
+        s.trim()
+            .split([':', '.'])
+            .map(|p| u64::from_str_radix(p, 16).ok())
+            .collect()
+    };
+    matches!((parse(a), parse(b)), (Some(x), Some(y)) if x == y)
 }
 
 struct NvmlSource {
@@ -145,6 +184,39 @@ impl GpuSource for NvmlSource {
             )
         })
     }
+
+    /// NVLink when one of `a`'s active links ends at `b`'s PCI address, or NVML reports NVLink
+    /// peer access between them (through an NVSwitch, where the link's far end is the switch);
+    /// otherwise their closest common PCIe ancestor.
+    fn link(&self, a: u32, b: u32) -> Option<Link> {
+        use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
+        let da = self.nvml.device_by_index(a).ok()?;
+        let db = self.nvml.device_by_index(b).ok()?;
+        if let Ok(pci_b) = db.pci_info() {
+            let direct = (0..NVLINK_MAX_LINKS).any(|l| {
+                let w = da.link_wrapper_for(l);
+                w.is_active().unwrap_or(false)
+                    && w.remote_pci_info()
+                        .is_ok_and(|p| same_pci(&p.bus_id, &pci_b.bus_id))
+            });
+            if direct {
+                return Some(Link::NvLink);
+            }
+        }
+        if matches!(
+            da.p2p_status(&db, P2pCapabilitiesIndex::NvLink),
+            Ok(P2pStatus::Ok)
+        ) {
+            return Some(Link::NvLink);
+        }
+        Some(match da.topology_common_ancestor(db).ok()? {
+            TopologyLevel::Internal => Link::Board,
+            TopologyLevel::Single | TopologyLevel::Multiple => Link::Switch,
+            TopologyLevel::HostBridge => Link::HostBridge,
+            TopologyLevel::Node => Link::Numa,
+            TopologyLevel::System => Link::System,
+        })
+    }
 }
 
 /// The node's telemetry: GPUs through a source, or none.
@@ -185,6 +257,37 @@ impl Telemetry {
         self.source.as_ref().map_or(0, |s| s.gpus().len() as u32)
     }
 
+    /// How every pair of GPUs is connected: a square matrix over the indices of `gpus()` (row
+    /// `i` is the `i`-th GPU the source lists). The diagonal is `Link::NvLink` (a GPU reaches
+    /// itself as well as anything can); a pair the source cannot tell counts as
+    /// `Link::System`, the worst. Empty when telemetry is off.
+    pub fn links(&self) -> Vec<Vec<Link>> {
+        let Some(s) = &self.source else {
+            return Vec::new();
+        };
+        let gpus: Vec<u32> = s.gpus().iter().map(|g| g.index).collect();
+        gpus.iter()
+            .map(|&a| {
+                gpus.iter()
+                    .map(|&b| {
+                        if a == b {
+                            Link::NvLink
+                        } else {
+                            s.link(a, b).unwrap_or(Link::System)
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The indices of the node's GPUs, in the source's order (empty when telemetry is off).
+    pub fn gpu_indices(&self) -> Vec<u32> {
+        self.source
+            .as_ref()
+            .map_or_else(Vec::new, |s| s.gpus().iter().map(|g| g.index).collect())
+    }
+
     pub fn fingerprint(&self) -> Fingerprint {
         let (cpu_model, cpu_cores) = cpu();
         match &self.source {
@@ -218,11 +321,24 @@ impl Telemetry {
 
     /// Refuses when a GPU has compute processes outside the process groups in `ours`.
     pub fn check_no_foreign(&self, ours: &[i32]) -> Result<(), TelemetryError> {
+        self.check_no_foreign_on(ours, None)
+    }
+
+    /// `check_no_foreign` on the GPUs in `gpus` only (`None`: every GPU): a parallel trial
+    /// looks at its own GPUs, the others being other trials'.
+    pub fn check_no_foreign_on(
+        &self,
+        ours: &[i32],
+        gpus: Option<&[u32]>,
+    ) -> Result<(), TelemetryError> {
         let Some(s) = &self.source else {
             return Ok(());
         };
         let mut by_gpu: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
         for p in s.processes() {
+            if gpus.is_some_and(|g| !g.contains(&p.gpu)) {
+                continue;
+            }
             // SAFETY: plain syscall; -1 for a process we cannot see (another container).
             let pgid = unsafe { libc::getpgid(p.pid as i32) };
             if !ours.contains(&pgid) {

@@ -123,3 +123,89 @@ fn without_a_driver_everything_is_off_and_the_cpu_is_the_fingerprint() {
     // On this machine there is no driver: detect() must not fail either.
     let _ = Telemetry::detect().fingerprint();
 }
+
+/// Four GPUs: 0-1 and 2-3 on NVLink, the pairs under one PCIe switch, GPU 3 unknown to 0.
+struct Topo;
+
+impl GpuSource for Topo {
+    fn gpus(&self) -> Vec<GpuInfo> {
+        (0..4)
+            .map(|i| GpuInfo {
+                index: i,
+                name: "NVIDIA H100".into(),
+                uuid: format!("GPU-{i}"),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect()
+    }
+    fn read(&self, _gpu: u32) -> Option<Reading> {
+        None
+    }
+    fn processes(&self) -> Vec<GpuProcess> {
+        Vec::new()
+    }
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
+    fn cuda_version(&self) -> Option<String> {
+        None
+    }
+    fn link(&self, a: u32, b: u32) -> Option<Link> {
+        match (a.min(b), a.max(b)) {
+            (0, 3) => None,
+            (x, y) if x / 2 == y / 2 => Some(Link::NvLink),
+            _ => Some(Link::Switch),
+        }
+    }
+}
+
+#[test]
+fn the_link_matrix_is_the_sources_with_nvlink_on_the_diagonal_and_unknown_as_system() {
+    let t = Telemetry::with_source(Arc::new(Topo));
+    let m = t.links();
+    use Link::*;
+    assert_eq!(
+        m,
+        vec![
+            vec![NvLink, NvLink, Switch, System],
+            vec![NvLink, NvLink, Switch, Switch],
+            vec![Switch, Switch, NvLink, NvLink],
+            vec![System, Switch, NvLink, NvLink],
+        ]
+    );
+    assert_eq!(t.gpu_indices(), vec![0, 1, 2, 3]);
+    assert!(Telemetry::off().links().is_empty());
+    // Best first: a set of GPUs is as good as its worst pair.
+    assert!(NvLink < Board && Board < Switch && Switch < HostBridge);
+    assert!(HostBridge < Numa && Numa < System);
+    assert_eq!(
+        serde_json::to_string(&HostBridge).unwrap(),
+        "\"hostbridge\""
+    );
+    assert_eq!(serde_json::from_str::<Link>("\"nvlink\"").unwrap(), NvLink);
+    // A source that says nothing about links (the default) gives System off the diagonal.
+    let one = Telemetry::with_source(fake(vec![0], false));
+    assert_eq!(one.links(), vec![vec![NvLink]]);
+}
+
+#[test]
+fn pci_bus_ids_compare_by_value_whatever_the_domain_padding() {
+    assert!(same_pci("00000000:07:00.0", "0000:07:00.0"));
+    assert!(same_pci("0000:0A:00.0", "00000000:0a:00.0"));
+    assert!(!same_pci("0000:07:00.0", "0000:08:00.0"));
+    assert!(!same_pci("garbage", "garbage"));
+}
+
+#[test]
+fn a_placed_trial_looks_for_foreign_processes_on_its_own_gpus_only() {
+    let f = fake(vec![1 << 30], true);
+    let t = Telemetry::with_source(f.clone());
+    f.procs.lock().unwrap().push(GpuProcess {
+        gpu: 5,
+        pid: std::process::id(),
+        used_bytes: None,
+    });
+    assert_eq!(t.check_no_foreign_on(&[], Some(&[0, 1])), Ok(()));
+    assert!(t.check_no_foreign_on(&[], Some(&[5])).is_err());
+    assert!(t.check_no_foreign_on(&[], None).is_err());
+}

@@ -51,8 +51,7 @@ type Running<'a, E> = FuturesUnordered<Pin<Box<dyn Future<Output = Finished<'a, 
 
 /// The GPUs a configuration's engine needs (its parallelism).
 pub(super) fn gpus_needed(space: &crate::space::Space, cfg: &Config) -> u32 {
-    let _ = (space, cfg); // MERGE: space.gpus_needed(cfg)
-    1
+    space.gpus_needed(cfg)
 }
 
 impl<E: Evaluator> Runner<E> {
