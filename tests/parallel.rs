@@ -90,7 +90,10 @@ impl Evaluator for Tracked {
         self.stop().await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let s = self.sim.start(cfg, dir).await?;
-        let p = self.placed.clone().unwrap_or(Placement { gpus: vec![], cores: vec![] });
+        let p = self.placed.clone().unwrap_or(Placement {
+            gpus: vec![],
+            cores: vec![],
+        });
         let mut seen = self.seen.lock().unwrap();
         let clashes: Vec<String> = seen
             .running
@@ -128,7 +131,10 @@ impl Evaluator for Tracked {
     async fn stop(&mut self) -> Result<Option<TelemetrySummary>, TrialFailure> {
         if self.started {
             self.started = false;
-            let p = self.placed.clone().unwrap_or(Placement { gpus: vec![], cores: vec![] });
+            let p = self.placed.clone().unwrap_or(Placement {
+                gpus: vec![],
+                cores: vec![],
+            });
             let mut seen = self.seen.lock().unwrap();
             if let Some(i) = seen.running.iter().position(|q| *q == p) {
                 seen.running.remove(i);
@@ -189,10 +195,11 @@ fn runner(
 ) -> Runner<Tracked> {
     let study = Study::parse(text, Path::new("par.toml")).unwrap();
     let space = Space::load(&spaces_dir().join("vllm.toml")).unwrap();
-    let mut space =
-        servetune::tune::restrict(space, study.spec.study.params.as_deref()).unwrap();
+    let mut space = servetune::tune::restrict(space, study.spec.study.params.as_deref()).unwrap();
     // The study's node: its GPUs bound the tensor-parallel size (`{gpu_count}`).
-    space.vars.insert("gpu_count".into(), i64::from(gpus.max(1)));
+    space
+        .vars
+        .insert("gpu_count".into(), i64::from(gpus.max(1)));
     let tracked = |seen: &Arc<Mutex<Seen>>| Tracked {
         sim: sim(&space, &study, gpus),
         seen: seen.clone(),
@@ -220,7 +227,13 @@ fn islands(gpus: u32) -> Vec<Vec<Link>> {
     (0..gpus)
         .map(|a| {
             (0..gpus)
-                .map(|b| if a / 4 == b / 4 { Link::NvLink } else { Link::Numa })
+                .map(|b| {
+                    if a / 4 == b / 4 {
+                        Link::NvLink
+                    } else {
+                        Link::Numa
+                    }
+                })
                 .collect()
         })
         .collect()
@@ -375,7 +388,8 @@ async fn a_parallel_study_interrupted_with_trials_running_resumes_every_one_of_t
 }
 
 #[tokio::test]
-async fn mixed_tensor_parallel_sizes_on_an_8_gpu_node_get_their_gpus_in_one_island_and_share_none() {
+async fn mixed_tensor_parallel_sizes_on_an_8_gpu_node_get_their_gpus_in_one_island_and_share_none()
+{
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("db")).unwrap();
     let seen = Arc::new(Mutex::new(Seen::default()));

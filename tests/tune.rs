@@ -362,6 +362,11 @@ fn bad_study_files_name_the_field() {
 // ---- subprocess studies against the mock engine ----
 
 fn mock_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
+    mock_study_with(dir, name, trials, "")
+}
+
+/// `mock_study` with more `[study]` settings (`extra`).
+fn mock_study_with(dir: &Path, name: &str, trials: u32, extra: &str) -> PathBuf {
     let text = format!(
         r#"
 [study]
@@ -373,6 +378,7 @@ optimizer = "tpe"
 seed = 1
 space_dir = "{spaces}"
 params = ["max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization"]
+{extra}
 
 [binaries]
 vllm = ["{bin}", "mock-engine", "--profile", "vllm", "--mock-hardware", "h100", "--mock-model", "8b", "--mock-startup-s", "0.3", "--"]
@@ -633,6 +639,79 @@ fn a_study_killed_mid_trial_resumes_without_losing_anything() {
     assert!(ts.iter().any(|t| t.attempts > 1), "no trial was run again");
     drop(store);
     assert_no_engine_with("mock-8b-mock-kill");
+}
+
+#[test]
+fn a_parallel_study_killed_with_several_trials_running_reaps_every_engine_and_reruns_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = "mock-par-kill";
+    // One core per trial: on a machine of n cores, n trials at once (2 here).
+    let study = mock_study_with(dir.path(), name, 8, "cores_per_trial = 1");
+    let state = dir.path().join("state");
+    let mut child = tune_cmd(&study, &state)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    // Two engines at once, after the interference check (trial 2's engine has started).
+    while !(trial_started(&state, name, 2)
+        && common::engines_with("mock-8b-mock-par-kill").len() >= 2)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(180),
+            "two trials never ran at once"
+        );
+        if let Ok(Some(st)) = child.try_wait() {
+            panic!("servetune exited early: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL, with every slot's engine running
+    child.wait().unwrap();
+    // Their engines outlive it (own process groups) until the next run reaps them.
+    assert!(!common::engines_with("mock-8b-mock-par-kill").is_empty());
+    let kept = finished(&state, name);
+    let running: Vec<u32> = {
+        let store = Store::open(&state.join("db")).unwrap();
+        Records::new(store)
+            .trials(name)
+            .unwrap()
+            .iter()
+            .filter(|t| t.status == TrialStatus::Running)
+            .map(|t| t.seq)
+            .collect()
+    };
+    assert!(!running.is_empty(), "no trial was running at the kill");
+    let out = tune_cmd(&study, &state).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("left running by an earlier servetune"),
+        "the killed run's engines were not reaped: {stderr}"
+    );
+    let store = Store::open(&state.join("db")).unwrap();
+    let rec: StudyRecord = Records::new(store.clone()).study(name).unwrap().unwrap();
+    assert_eq!(rec.phase, Phase::Done);
+    assert!(rec.interference.as_ref().is_some_and(|i| i.kept >= 2));
+    let ts = Records::new(store.clone()).trials(name).unwrap();
+    let seqs: Vec<u32> = ts.iter().map(|t| t.seq).collect();
+    assert_eq!(seqs, (0..ts.len() as u32).collect::<Vec<_>>());
+    assert_eq!(ts.iter().filter(|t| t.kind == TrialKind::Search).count(), 8);
+    assert!(ts.iter().all(|t| t.status != TrialStatus::Running));
+    for k in &kept {
+        assert!(ts.contains(k), "trial {} lost", k.seq);
+    }
+    for seq in &running {
+        let t = ts.iter().find(|t| t.seq == *seq).unwrap();
+        assert!(
+            t.attempts > 1,
+            "trial {seq} was running at the kill and did not run again"
+        );
+        assert!(t.slot.as_ref().is_some_and(|p| p.cores.len() == 1));
+    }
+    drop(store);
+    assert_no_engine_with("mock-8b-mock-par-kill");
 }
 
 #[test]
