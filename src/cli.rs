@@ -223,3 +223,52 @@ pub fn best_cmd(state: &Path, model: Option<&str>, json: bool) -> Result<String,
     }
     Ok(s)
 }
+
+/// `servetune run-trial SPEC.json`: runs one search trial from its self-contained spec
+/// (`tune::study::TrialSpec`) on this machine, its engine pinned to the spec's slot, and
+/// returns its record (the command prints it as JSON). The spec's space files are written to
+/// a directory of `state`, which also holds the engine's record for the reaper and the
+/// trial's log.
+pub async fn run_trial(
+    spec_path: &Path,
+    state: &Path,
+) -> Result<crate::tune::records::TrialRecord, TuneError> {
+    use crate::tune::study::TrialSpec;
+    let text = std::fs::read_to_string(spec_path).map_err(|source| TuneError::Io {
+        path: spec_path.display().to_string(),
+        source,
+    })?;
+    let spec: TrialSpec = serde_json::from_str(&text)
+        .map_err(|e| TuneError::Spec(format!("{}: {e}", spec_path.display())))?;
+    let spaces = state.join("spaces");
+    for (name, body) in &spec.spaces {
+        // File names only: a spec never writes outside its directory.
+        if name.contains('/') || name.starts_with('.') || !name.ends_with(".toml") {
+            return Err(TuneError::Spec(format!(
+                "{}: spaces: {name:?} is not a space file name",
+                spec_path.display()
+            )));
+        }
+        let p = spaces.join(name);
+        std::fs::create_dir_all(&spaces)
+            .and_then(|()| std::fs::write(&p, body))
+            .map_err(|source| TuneError::Io {
+                path: p.display().to_string(),
+                source,
+            })?;
+    }
+    let mut study = Study::parse_with_spaces(&spec.study_file, spec_path, &spaces)?;
+    study.run_id = Some(spec.trial.study.clone());
+    let store = open_store(state)?;
+    let mut runner =
+        crate::tune::engine_runner(study, store, state.join("trials"), Telemetry::detect()).await?;
+    runner.progress = std::sync::Arc::new(|s: &str| say(s));
+    let cancel = runner.cancel.clone();
+    let watcher = tokio::spawn(async move {
+        crate::signals::terminated().await;
+        cancel.cancel();
+    });
+    let r = runner.execute(&spec).await;
+    watcher.abort();
+    r
+}

@@ -72,6 +72,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run one search trial from its self-contained spec (an executor's side of the
+    /// boundary: `tune::study::TrialSpec`); prints the trial's record as JSON.
+    RunTrial {
+        /// The trial spec (JSON).
+        spec: std::path::PathBuf,
+        /// State directory (the engine's record, the trial's log); default
+        /// $SERVETUNE_STATE or ./state.
+        #[arg(long)]
+        state: Option<std::path::PathBuf>,
+    },
     /// The trials of one study (or of all).
     Trials {
         study: Option<String>,
@@ -352,6 +362,11 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
             restart,
             json,
         } => tune_command(&study, state, restart, json).await,
+        Command::RunTrial { spec, state } => {
+            use servetune::cli;
+            let t = cli::run_trial(&spec, &cli::state_dir(state)).await?;
+            printed(serde_json::to_string_pretty(&t)?)
+        }
         Command::Trials { study, state, json } => {
             use servetune::cli;
             printed(cli::trials_cmd(

@@ -1208,3 +1208,110 @@ async fn an_importance_phase_with_an_optimiser_that_cannot_use_it_is_refused_bef
         assert!(Records::new(store).trials(&name).unwrap().is_empty());
     }
 }
+
+#[test]
+fn run_trial_runs_a_self_contained_spec_pinned_to_its_slot_and_prints_the_record() {
+    use servetune::engine::slots::Placement;
+    use servetune::tune::records::TrialRecord;
+    use servetune::tune::study::{Against, TrialSpec, TRIAL_SPEC_VERSION};
+    let dir = tempfile::tempdir().unwrap();
+    let name = "mock-exec";
+    let study = mock_study(dir.path(), name, 4);
+    let mut spaces = std::collections::BTreeMap::new();
+    spaces.insert(
+        "vllm.toml".to_owned(),
+        std::fs::read_to_string(spaces_dir().join("vllm.toml")).unwrap(),
+    );
+    let mut config = Config::new();
+    config.insert("max_num_seqs".into(), Value::Int(8));
+    let trial = TrialRecord {
+        study: name.into(),
+        seq: 3,
+        kind: TrialKind::Search,
+        config,
+        note: "handed to an executor".into(),
+        expected_improvement: None,
+        status: TrialStatus::Running,
+        engine: None,
+        command: None,
+        engine_version: None,
+        hardware: String::new(),
+        screen: None,
+        full: None,
+        screen_objective: None,
+        objective: None,
+        promoted: false,
+        failure: None,
+        early_stop: None,
+        telemetry: None,
+        started: 0.0,
+        ended: None,
+        bench_s: 0.0,
+        saved_s: 0.0,
+        attempts: 1,
+        stopped: 0,
+        startup_s: None,
+        retried_after: None,
+        slot: Some(Placement {
+            gpus: vec![],
+            cores: vec![0],
+        }),
+        defaults: false,
+    };
+    let spec = TrialSpec {
+        version: TRIAL_SPEC_VERSION,
+        // The study file names a space_dir of this machine; the spec's own copy is used.
+        study_file: std::fs::read_to_string(&study).unwrap(),
+        spaces,
+        trial,
+        against: Against {
+            always_full: true,
+            ..Against::default()
+        },
+    };
+    let spec_path = dir.path().join("spec.json");
+    std::fs::write(&spec_path, serde_json::to_string(&spec).unwrap()).unwrap();
+    let state = dir.path().join("executor");
+    let out = Command::new(BIN)
+        .args(["run-trial", spec_path.to_str().unwrap(), "--state"])
+        .arg(&state)
+        .env("SERVETUNE_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let t: TrialRecord = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(t.seq, 3);
+    assert_eq!(t.status, TrialStatus::Ok, "{:?}", t.failure);
+    assert!(t.objective.is_some_and(|v| v > 0.0));
+    assert!(t.full.is_some());
+    let cmd = t.command.as_ref().unwrap().display();
+    assert!(cmd.contains("--max-num-seqs 8"), "{cmd}");
+    assert_eq!(t.slot.as_ref().unwrap().cores, vec![0]);
+    // The engine ran on the spec's core and is gone.
+    let log = std::fs::read_to_string(
+        state
+            .join("trials")
+            .join(name)
+            .join("trial-0003")
+            .join("engine.log"),
+    )
+    .unwrap();
+    assert!(!log.is_empty());
+    assert_no_engine_with("mock-8b-mock-exec");
+    // A spec of another version is refused with a message naming it.
+    let mut bad: serde_json::Value = serde_json::to_value(&spec).unwrap();
+    bad["version"] = serde_json::json!(99);
+    std::fs::write(&spec_path, bad.to_string()).unwrap();
+    let out = Command::new(BIN)
+        .args(["run-trial", spec_path.to_str().unwrap(), "--state"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("trial spec version 99"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

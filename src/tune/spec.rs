@@ -503,8 +503,26 @@ impl Study {
     /// As `parse`; `spaces` is where search spaces are looked for when the study names no
     /// `space_dir` and none sits beside the file (the daemon's `search_spaces`).
     pub fn parse_in(text: &str, path: &Path, spaces: Option<&Path>) -> Result<Study, TuneError> {
+        let spec: StudySpec = toml::from_str(text)
+            .map_err(|e| TuneError::Spec(format!("{}: {e}", path.display())))?;
+        Study::checked(spec, text, path, spaces)
+    }
+
+    /// As `parse`, with the search spaces in `spaces` whatever the file's `space_dir` says
+    /// (an executor's copy of them: `servetune run-trial`).
+    pub fn parse_with_spaces(text: &str, path: &Path, spaces: &Path) -> Result<Study, TuneError> {
         let mut spec: StudySpec = toml::from_str(text)
             .map_err(|e| TuneError::Spec(format!("{}: {e}", path.display())))?;
+        spec.study.space_dir = Some(spaces.to_path_buf());
+        Study::checked(spec, text, path, None)
+    }
+
+    fn checked(
+        mut spec: StudySpec,
+        text: &str,
+        path: &Path,
+        spaces: Option<&Path>,
+    ) -> Result<Study, TuneError> {
         let limits = check::check_sections(&spec)?;
         let workloads = check::workloads(&spec, &limits)?;
         let space_dir = check::space_dir(&spec, path, spaces)?;

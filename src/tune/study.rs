@@ -9,6 +9,7 @@
 //! stopped, the interrupted trial runs again, and no finished trial is lost.
 
 mod exec;
+mod executor;
 mod measure;
 mod outcome;
 mod parallel;
@@ -28,7 +29,9 @@ use super::TuneError;
 use crate::space::{Config, Kind, Space};
 use crate::store::Store;
 use crate::util::unix_now;
+pub use exec::Against;
 use exec::Exec;
+pub use executor::{TrialSpec, TRIAL_SPEC_VERSION};
 pub use parallel::Slots;
 
 /// Seconds a study has spent running trials (what `budget.wall_time_s` counts): the time it

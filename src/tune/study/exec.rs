@@ -16,8 +16,8 @@ use crate::tune::spec::{ObjectiveMetric, Study};
 use crate::tune::TuneError;
 
 /// What a search trial is run against: the search so far.
-#[derive(Debug, Clone, Default)]
-pub(super) struct Against {
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Against {
     /// The screens of the finished search trials (what promotion ranks by).
     pub screens: Vec<f64>,
     /// The best full-run value so far: a narrow miss above it is confirmed.
