@@ -39,7 +39,7 @@ pub struct Slots<E> {
 
 /// What the loop does next.
 enum Next {
-    Trial(TrialRecord),
+    Trial(Box<TrialRecord>),
     /// Nothing to propose before a running trial finishes.
     Wait,
     /// The search is over (once the running trials finish): why.
@@ -108,7 +108,7 @@ impl<E: Evaluator> Runner<E> {
                         Next::Trial(t) => {
                             self.put_trial(&t)?;
                             stop_reason = None;
-                            t
+                            *t
                         }
                         Next::Wait => break,
                         Next::Stop(why) => {
@@ -228,13 +228,13 @@ impl<E: Evaluator> Runner<E> {
         let history = self.history(&finished);
         let configs: Vec<Config> = running.iter().map(|t| t.config.clone()).collect();
         match self.optimizer.propose_batch(&history, &configs) {
-            Ok(Some(p)) => Ok(Next::Trial(self.new_trial(
+            Ok(Some(p)) => Ok(Next::Trial(Box::new(self.new_trial(
                 all.len() as u32,
                 TrialKind::Search,
                 p.config,
                 p.note,
                 p.expected_improvement,
-            ))),
+            )))),
             Ok(None) => Ok(Next::Wait),
             Err(e) => Ok(Next::Stop(e)),
         }
@@ -296,9 +296,8 @@ impl<E: Evaluator> Runner<E> {
         let threshold = self.study.spec.study.max_interference;
         let alone = self.probe_round(&defaults, need, 1, slots).await?;
         let Some(Some(alone)) = alone.readings.first().copied() else {
-            let why = format!(
-                "the defaults did not run alone, so interference could not be measured; one trial at a time"
-            );
+            let why = "the defaults did not run alone, so interference could not be measured; one trial at a time"
+                .to_string();
             return self.keep(rec, 0.0, Vec::new(), 1, why);
         };
         let mut checks = Vec::new();
