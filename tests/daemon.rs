@@ -35,7 +35,7 @@ use servetune::telemetry::TelemetrySummary;
 use servetune::tune::eval::{Evaluator, Measurement, RunSpec, Started, TrialFailure};
 use servetune::tune::records::{self, Phase, Records, StudyRecord, TrialKind, TrialStatus};
 use servetune::tune::spec::Study;
-use servetune::tune::study::Runner;
+use servetune::tune::study::{Runner, Slots};
 use servetune::tune::TuneError;
 
 const BIN: &str = env!("CARGO_BIN_EXE_servetune");
@@ -76,6 +76,8 @@ impl Evaluator for SlowSim {
 struct SimBackend {
     version: Mutex<String>,
     delay: Duration,
+    /// GPUs of the faked node the studies' trials run on in parallel (0: one at a time).
+    gpus: u32,
 }
 
 impl SimBackend {
@@ -83,6 +85,7 @@ impl SimBackend {
         SimBackend {
             version: Mutex::new(version.into()),
             delay: Duration::from_millis(delay_ms),
+            gpus: 0,
         }
     }
     fn version(&self) -> String {
@@ -132,11 +135,23 @@ impl Backend for SimBackend {
             7,
         );
         inner.limits = study.limits.clone();
-        let eval = SlowSim {
+        let slow = |inner: SimEvaluator| SlowSim {
             inner,
             delay: self.delay,
         };
-        let mut r = Runner::new(store, study, space, eval, trial_root);
+        let slots = (self.gpus > 0).then(|| {
+            use servetune::engine::slots::{Node, Pool};
+            use servetune::telemetry::Link;
+            let links = vec![vec![Link::NvLink; self.gpus as usize]; self.gpus as usize];
+            let node = Node::fake((0..self.gpus).collect(), links, (0..16).collect());
+            let evals = (0..self.gpus).map(|_| slow(inner.clone())).collect();
+            Slots {
+                pool: Pool::new(node, 0, None).unwrap(),
+                evals,
+            }
+        });
+        let mut r = Runner::new(store, study, space, slow(inner), trial_root);
+        r.parallel = slots;
         r.hardware = NODE.into();
         r.engine_versions = BTreeMap::from([("vllm".to_string(), Some(version))]);
         Ok(r)
@@ -1065,6 +1080,38 @@ async fn the_status_page_renders_and_updates_itself_in_headless_chromium() {
     assert!(dom.contains("idle · 0 waiting"), "{dom}");
     assert!(dom.contains("<svg"), "{dom}");
     assert!(dom.contains(&id), "{dom}");
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_shows_every_running_trial_of_a_parallel_study_with_its_slot() {
+    let f = Fixture::new();
+    let cfg = f.config("tune_on_start = false", &[]);
+    let mut backend = SimBackend::new("0.10.1", 300);
+    backend.gpus = 2;
+    let (_d, h, api) = f.start(cfg, backend).await;
+    let id = api.submit(&sim_study("par", 8)).await;
+    let st = api
+        .wait_for("/v1/status", "two running trials", |j| {
+            j["current"]["running"]
+                .as_array()
+                .is_some_and(|r| r.len() == 2 && r.iter().all(|t| t["kind"] == "search"))
+        })
+        .await;
+    let running = st["current"]["running"].as_array().unwrap();
+    let slots: Vec<&str> = running
+        .iter()
+        .map(|t| t["slot"].as_str().unwrap())
+        .collect();
+    assert!(
+        slots.contains(&"gpu 0") && slots.contains(&"gpu 1"),
+        "{slots:?}"
+    );
+    assert_eq!(st["current"]["trial"], running[1], "the latest is `trial`");
+    let (code, _, html) = api.text("/").await;
+    assert_eq!(code, 200);
+    assert!(html.contains(", on gpu "), "{html}");
+    api.wait_state(&id, "done").await;
     h.stop().await.unwrap();
 }
 

@@ -33,6 +33,7 @@ pub struct SimWorkload {
     pub max_concurrency: Option<usize>,
 }
 
+#[derive(Clone)]
 pub struct SimEvaluator {
     pub space: Space,
     pub machine: Machine,
