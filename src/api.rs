@@ -126,6 +126,10 @@ pub struct TrialV1 {
     /// The failure of a first attempt after which the trial ran once more.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retried_after: Option<TrialFailure>,
+    /// The devices its engine was pinned to, in a parallel study (GPU indices as NVML
+    /// numbers them, core numbers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slot: Option<crate::engine::slots::Placement>,
 }
 
 /// The best known configuration for a model, hardware, engine version and workload.
@@ -239,6 +243,7 @@ impl From<&TrialRecord> for TrialV1 {
             stopped: t.stopped,
             startup_s: t.startup_s,
             retried_after: t.retried_after.clone(),
+            slot: t.slot.clone(),
         }
     }
 }

@@ -8,7 +8,9 @@
 //! Busy time is `user + nice + system + steal` of `/proc/stat`'s `cpu` line: interrupt time
 //! is left out because the kernel charges the loopback traffic of the run itself there.
 //! Ours is `utime + stime + cutime + cstime` of `/proc/self` and of every process in the
-//! engine's process group (`/proc/<pid>/stat`, field 5); all counters are in clock ticks.
+//! engine's process group or the group of any process servetune started (`/proc/<pid>/stat`,
+//! fields 4 and 5: a parallel study's other engines, from their first tick; a stopped one's
+//! time moves into our `cutime` when it is reaped); all counters are in clock ticks.
 
 use std::time::Instant;
 
@@ -39,16 +41,51 @@ pub fn parse_host_busy(stat: &str) -> Option<u64> {
 /// `/proc/<pid>/stat` line. The command name may hold spaces and parentheses: the fields
 /// start after the last `)`.
 pub fn parse_proc_stat(stat: &str) -> Option<(i32, u64)> {
+    parse_proc_line(stat).map(|p| (p.pgrp, p.ticks))
+}
+
+/// What a `/proc/<pid>/stat` line says about CPU time: the parent, the process group and
+/// the ticks used by the process and its reaped children.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ProcTicks {
+    ppid: i32,
+    pgrp: i32,
+    ticks: u64,
+}
+
+fn parse_proc_line(stat: &str) -> Option<ProcTicks> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state(0) ppid(1) pgrp(2) … utime(11) stime(12) cutime(13) cstime(14).
+    let ppid = f.get(1)?.parse().ok()?;
     let pgrp = f.get(2)?.parse().ok()?;
     let mut ticks = 0u64;
     for i in 11..=14 {
         // cutime/cstime are signed in the kernel's format; negative never happens in practice.
         ticks += f.get(i)?.parse::<i64>().ok()?.max(0) as u64;
     }
-    Some((pgrp, ticks))
+    Some(ProcTicks { ppid, pgrp, ticks })
+}
+
+/// The ticks of servetune's own process groups: `groups` and the group of every process
+/// servetune started (its children: each engine leads its own group), summed over their
+/// processes. An engine that starts during a span counts from its first tick (not once it is
+/// ready), and one that is stopped and reaped during it moves its time into servetune's own
+/// `cutime`/`cstime`: so neither a parallel study's other slots nor their start-up and stop
+/// read as foreign load.
+fn ours_in(procs: &[(i32, ProcTicks)], me: i32, groups: &[i32]) -> u64 {
+    let mut ours: Vec<i32> = groups.to_vec();
+    ours.extend(
+        procs
+            .iter()
+            .filter(|(_, p)| p.ppid == me)
+            .map(|(_, p)| p.pgrp),
+    );
+    procs
+        .iter()
+        .filter(|(pid, p)| *pid != me && ours.contains(&p.pgrp))
+        .map(|(_, p)| p.ticks)
+        .sum()
 }
 
 fn ticks_per_s() -> f64 {
@@ -61,38 +98,37 @@ fn ticks_per_s() -> f64 {
     }
 }
 
-/// The counters now; `groups` are the engine's process groups. `None` where `/proc` cannot
-/// be read.
+/// The counters now; `groups` are the engine's process groups (servetune's children's groups
+/// count besides, see `ours_in`). `None` where `/proc` cannot be read.
 pub fn snapshot(groups: &[i32]) -> Option<Snapshot> {
     let at = Instant::now();
     let busy = parse_host_busy(&std::fs::read_to_string("/proc/stat").ok()?)?;
-    let mut ours = parse_proc_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?.1;
-    if !groups.is_empty() {
-        let me = std::process::id().to_string();
-        for e in std::fs::read_dir("/proc").ok()?.flatten() {
-            let name = e.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name == me || !name.bytes().all(|b| b.is_ascii_digit()) {
-                continue;
-            }
-            // A process may exit between the listing and the read: skip it.
-            let Ok(text) = std::fs::read_to_string(e.path().join("stat")) else {
-                continue;
-            };
-            if let Some((pgrp, t)) = parse_proc_stat(&text) {
-                if groups.contains(&pgrp) {
-                    ours += t;
-                }
-            }
+    let own = parse_proc_line(&std::fs::read_to_string("/proc/self/stat").ok()?)?.ticks;
+    let me = std::process::id() as i32;
+    let mut procs: Vec<(i32, ProcTicks)> = Vec::new();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        // A process may exit between the listing and the read: skip it.
+        let Ok(text) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        if let Some(p) = parse_proc_line(&text) {
+            procs.push((pid, p));
         }
     }
-    Some(Snapshot { at, busy, ours })
+    Some(Snapshot {
+        at,
+        busy,
+        ours: own + ours_in(&procs, me, groups),
+    })
 }
 
 /// The mean number of cores foreign processes kept busy between two snapshots (never
-/// negative). A process of the engine's group that exited and was reaped outside the group
-/// takes its time with it: that time then reads as foreign (an overstatement, never an
-/// understatement, of the disturbance).
+/// negative). A process of the engine's group that exited and was reaped outside servetune
+/// (an engine's worker reaped by init) takes its time with it: that time then reads as
+/// foreign (an overstatement, never an understatement, of the disturbance).
 pub fn foreign_cores(a: &Snapshot, b: &Snapshot) -> f64 {
     let secs = b.at.duration_since(a.at).as_secs_f64();
     if secs <= 0.0 {
@@ -159,6 +195,22 @@ mod tests {
     }
 
     #[test]
+    fn ours_counts_the_given_groups_and_every_child_s_group_but_not_others_or_self() {
+        let p = |ppid, pgrp, ticks| ProcTicks { ppid, pgrp, ticks };
+        let me = 100;
+        let procs = vec![
+            (me, p(1, me, 1000)),  // servetune itself: counted from /proc/self
+            (200, p(me, 200, 10)), // an engine we started (its own group)
+            (201, p(200, 200, 5)), // its worker, same group
+            (300, p(me, 300, 7)),  // another slot's engine, not in `groups`
+            (400, p(1, 400, 50)),  // a foreign process
+            (500, p(1, 500, 3)),   // a group named explicitly
+        ];
+        assert_eq!(ours_in(&procs, me, &[500]), 10 + 5 + 7 + 3);
+        assert_eq!(ours_in(&procs, me, &[]), 10 + 5 + 7);
+    }
+
+    #[test]
     fn proc_stat_survives_names_with_spaces_and_parentheses() {
         let line = "4242 (llama (server) 1) S 1 4240 4240 0 -1 4194560 100 0 0 0 \
                     250 50 7 3 20 0 8 0 12345 1000 100";
@@ -198,39 +250,57 @@ mod tests {
         parse_proc_stat(&text).unwrap().1
     }
 
-    /// A busy loop in its own process group, and the cores it used over `span` (its own
-    /// counters), with the two probes read over the same span: `(cores, outside, inside)`.
-    /// Under contention (the other tests of this binary) the loop gets less than a core; the
-    /// probes must account for what it did get.
-    fn busy_outsider(span: Duration) -> (f64, f64, f64) {
+    /// A busy loop, and the cores it used over `span` (its own counters), with the two probes
+    /// read over the same span: `(cores, outside, inside)`; `inside` names the loop's group.
+    /// `child`: the loop is our child in its own process group (as an engine is); else it is
+    /// no descendant of ours (`setsid` in a shell that exits: init adopts it). Under
+    /// contention (the other tests of this binary) the loop gets less than a core; the probes
+    /// must account for what it did get.
+    fn busy_loop(span: Duration, child: bool) -> (f64, f64, f64) {
         use std::os::unix::process::CommandExt;
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let pgid = child.id() as i32;
+        let (pid, mut ours) = if child {
+            let c = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .process_group(0)
+                .spawn()
+                .unwrap();
+            (c.id(), Some(c))
+        } else {
+            let out = std::process::Command::new("sh")
+                .args([
+                    "-c",
+                    "setsid sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 & echo $!",
+                ])
+                .output()
+                .unwrap();
+            let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+            (pid, None)
+        };
         std::thread::sleep(Duration::from_millis(100));
-        let t0 = ticks_of(child.id());
+        let t0 = ticks_of(pid);
         let outside = LoadSpan::start(Vec::new());
-        let inside = LoadSpan::start(vec![pgid]);
+        let inside = LoadSpan::start(vec![pid as i32]);
         let at = Instant::now();
         std::thread::sleep(span);
         let (fo, fi) = (outside.finish().unwrap(), inside.finish().unwrap());
-        let used = (ticks_of(child.id()) - t0) as f64 / ticks_per_s() / at.elapsed().as_secs_f64();
-        let _ = child.kill();
-        let _ = child.wait();
+        let used = (ticks_of(pid) - t0) as f64 / ticks_per_s() / at.elapsed().as_secs_f64();
+        // SAFETY: kill has no memory preconditions; the pid is the loop's.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        if let Some(c) = ours.as_mut() {
+            let _ = c.wait();
+        }
         (used, fo, fi)
     }
 
-    /// A busy process outside the named groups reads as foreign load; named, it is ours. Reads
-    /// the real /proc.
+    /// A busy process that is not ours reads as foreign load unless its group is named; one
+    /// servetune started (an engine of another slot) is ours without being named. Reads the
+    /// real /proc.
     #[test]
-    fn a_busy_outsider_is_foreign_and_a_named_group_is_ours() {
+    fn a_busy_outsider_is_foreign_and_a_named_group_or_a_child_is_ours() {
         if std::fs::read_to_string("/proc/stat").is_err() {
             return;
         }
-        let (used, fo, fi) = busy_outsider(Duration::from_millis(1500));
+        let (used, fo, fi) = busy_loop(Duration::from_millis(1500), false);
         assert!(used > 0.02, "the busy loop got {used:.2} cores");
         // Not named: at least what the loop used is foreign (other processes may add more).
         // Named: the difference between the two readings is the loop's own use. A clock tick
@@ -243,6 +313,19 @@ mod tests {
             ((fo - fi) - used).abs() <= 0.2 * used + 0.05,
             "the loop used {used:.2} cores; naming its group removed {:.2}",
             fo - fi
+        );
+        // Our child: the same whether named or not (no more apart than the two snapshots'
+        // skew), and not read as foreign: at most a third of what it used (the test binary's
+        // other threads are ours; other processes may add a little).
+        let (used, fo, fi) = busy_loop(Duration::from_millis(1500), true);
+        assert!(used > 0.02, "the busy loop got {used:.2} cores");
+        assert!(
+            (fo - fi).abs() <= 0.2 * used + 0.05,
+            "the loop used {used:.2} cores; unnamed {fo:.2}, named {fi:.2}"
+        );
+        assert!(
+            fo <= 0.3 * used + 0.05,
+            "our child's {used:.2} cores read as foreign ({fo:.2})"
         );
     }
 }
