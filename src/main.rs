@@ -134,6 +134,10 @@ enum Command {
         /// `warm_top`).
         #[arg(long, default_value_t = 3)]
         warm_top: usize,
+        /// Instead: the default optimiser with K trials at once, for each K listed (e.g.
+        /// `1,2,4,8`): trials and wall-clock (virtual) to within 2%, against one slot.
+        #[arg(long, value_delimiter = ',', conflicts_with = "warm")]
+        parallel: Vec<usize>,
     },
     /// Simulate the gate's error rates: false recommendations of a candidate no better than the
     /// defaults (A/A) and recommendations of a faster one (A/B), per design (prints a table).
@@ -413,6 +417,7 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
             grid_cap,
             warm,
             warm_top,
+            parallel,
         } => {
             let opts = servetune::mock::search_bench::BenchOptions {
                 seeds,
@@ -421,7 +426,7 @@ async fn dispatch(command: Command) -> anyhow::Result<u8> {
                 only,
                 grid_cap,
             };
-            search_bench_command(opts, warm, warm_top).await
+            search_bench_command(opts, warm, warm_top, parallel).await
         }
         Command::Daemon { config } => daemon_command(&config).await,
         Command::Status { client } => printed(servetune::daemon::client::status(&client).await?),
@@ -536,10 +541,13 @@ async fn search_bench_command(
     opts: servetune::mock::search_bench::BenchOptions,
     warm: bool,
     warm_top: usize,
+    parallel: Vec<usize>,
 ) -> anyhow::Result<u8> {
     let table = tokio::task::spawn_blocking(move || {
         if warm {
             servetune::mock::search_bench::run_warm(&opts, warm_top)
+        } else if !parallel.is_empty() {
+            servetune::mock::search_bench::run_parallel(&opts, &parallel)
         } else {
             servetune::mock::search_bench::run(&opts)
         }

@@ -21,8 +21,10 @@ use super::evaluator::{SimEvaluator, SimWorkload};
 use super::profile::Machine;
 use super::sim::{Hardware, ModelSpec};
 
+mod parallel;
 mod warm;
 
+pub use parallel::{run_parallel, study as parallel_study};
 pub use warm::run_warm;
 
 /// A landscape: a space, a machine, a workload, constraints and noise.
@@ -238,7 +240,9 @@ impl<'a> Oracle<'a> {
         }
     }
 
-    fn eval(e: &mut SimEvaluator, l: &Landscape, cfg: &Config) -> Obs {
+    /// The observation of `cfg` and its benchmark's simulated duration (0 when the engine
+    /// did not start or the run failed).
+    fn eval(e: &mut SimEvaluator, l: &Landscape, cfg: &Config) -> (Obs, f64) {
         let spec = RunSpec {
             workload: 0,
             fraction: 1.0,
@@ -259,32 +263,43 @@ impl<'a> Oracle<'a> {
                         ms("ttft:mean"),
                     );
                 }
-                Obs {
-                    config: cfg.clone(),
-                    value: violation.is_none().then_some(m.total_token_throughput),
-                    failed: false,
-                    measured: Some(m.total_token_throughput),
-                    slack: m.slack(&l.limits),
-                    decode: m.decode_load(&l.limits),
-                }
+                (
+                    Obs {
+                        config: cfg.clone(),
+                        value: violation.is_none().then_some(m.total_token_throughput),
+                        failed: false,
+                        measured: Some(m.total_token_throughput),
+                        slack: m.slack(&l.limits),
+                        decode: m.decode_load(&l.limits),
+                    },
+                    m.duration_s,
+                )
             }
             Err(e) => {
                 if debug {
                     eprintln!("{cfg:?}: {e:?}");
                 }
-                Obs {
-                    config: cfg.clone(),
-                    value: None,
-                    failed: true,
-                    measured: None,
-                    slack: Vec::new(),
-                    decode: None,
-                }
+                (
+                    Obs {
+                        config: cfg.clone(),
+                        value: None,
+                        failed: true,
+                        measured: None,
+                        slack: Vec::new(),
+                        decode: None,
+                    },
+                    0.0,
+                )
             }
         }
     }
 
     fn observe(&mut self, cfg: &Config) -> Obs {
+        self.observe_timed(cfg).0
+    }
+
+    /// `observe`, with the benchmark's simulated duration.
+    fn observe_timed(&mut self, cfg: &Config) -> (Obs, f64) {
         self.evaluations += 1;
         let e = if self.l.noise == 0.0 {
             &mut self.exact
@@ -299,7 +314,7 @@ impl<'a> Oracle<'a> {
         if let Some(v) = self.cache.get(&k) {
             return *v;
         }
-        let v = Self::eval(&mut self.exact, self.l, cfg).value;
+        let v = Self::eval(&mut self.exact, self.l, cfg).0.value;
         self.cache.insert(k, v);
         v
     }
@@ -455,10 +470,9 @@ pub struct BenchOptions {
     pub grid_cap: usize,
 }
 
-/// Runs the benchmark and returns the table (Markdown): the four landscapes, then the first
-/// one again with a prior that points away from its optimum.
-pub fn run(opts: &BenchOptions) -> Result<String, String> {
-    let mut out = String::new();
+/// The landscapes the options select: the four shipped ones, then the first one again with a
+/// prior that points away from its optimum.
+pub fn bench_landscapes(opts: &BenchOptions) -> Result<Vec<Landscape>, String> {
     let mut ls = landscapes()?;
     let wanted = |name: &str| opts.only.as_ref().is_none_or(|o| name.contains(o.as_str()));
     let misled_name = format!("{}, misleading prior", ls[0].name);
@@ -482,7 +496,15 @@ pub fn run(opts: &BenchOptions) -> Result<String, String> {
         };
         ls.push(misled);
     }
-    for l in ls.iter().filter(|l| wanted(&l.name)) {
+    ls.retain(|l| wanted(&l.name));
+    Ok(ls)
+}
+
+/// Runs the benchmark and returns the table (Markdown): the four landscapes, then the first
+/// one again with a prior that points away from its optimum.
+pub fn run(opts: &BenchOptions) -> Result<String, String> {
+    let mut out = String::new();
+    for l in &bench_landscapes(opts)? {
         table(l, opts, &mut out);
     }
     Ok(out)
