@@ -447,7 +447,24 @@ impl WithBaselines {
         let before = self.baselines.len() + self.warm.len() + self.moves.len();
         let k = (history.len() + running.len()).saturating_sub(before);
         let free = |p: &Proposal| !running.contains(&p.config);
-        if let Some(p) = back_off(&self.kind, &self.space, search, &self.plan, &tried).filter(free)
+        // The back-off reads the workload's line: a sequential study's whole start-up until
+        // a point off the line ran; with trials running, the line's finished points among
+        // the design's (the round's ladder included).
+        let (line, limit) = if running.is_empty() {
+            (tried.clone(), search.startup.len())
+        } else {
+            let on = |o: &&Obs| {
+                search
+                    .startup
+                    .first()
+                    .is_some_and(|(p, _)| on_line(p, self.plan.cap.as_deref(), &o.config))
+            };
+            let line: Vec<Obs> = tried.iter().filter(on).cloned().collect();
+            (line, search.startup.len() + LADDER_STEPS)
+        };
+        if let Some(p) = back_off(&self.kind, &self.space, search, &self.plan, &line, limit)
+            .filter(free)
+            .filter(|p| !taken(&p.config))
         {
             return Ok(Some(p));
         }
@@ -473,6 +490,14 @@ impl WithBaselines {
                 note: note.clone(),
                 expected_improvement: None,
             }));
+        }
+        if model_based(self.kind)
+            && !running.is_empty()
+            && history.iter().all(|o| o.value.is_none())
+        {
+            if let Some(p) = batch_fill(self.kind, &self.space, search, self.seed, &taken) {
+                return Ok(Some(p));
+            }
         }
         guided_proposal(self.kind, self.seed, &self.space, search, history, running)
     }
@@ -655,10 +680,11 @@ fn back_off(
     search: &Search,
     plan: &Plan,
     tried: &[Obs],
+    limit: usize,
 ) -> Option<Proposal> {
     let cap = plan.cap.as_deref()?;
     let (point, _) = search.startup.first()?;
-    if tried.is_empty() || tried.len() >= search.startup.len() {
+    if tried.is_empty() || tried.len() >= limit {
         return None;
     }
     // The line: the workload's point and its back-offs, all that ran since the design began.
@@ -671,7 +697,11 @@ fn back_off(
             (false, Some(d), Some(crate::space::Value::Int(c))) if d.slack > 0.0 => Some((d, *c)),
             _ => None,
         })
-        .collect::<Option<_>>()?;
+        .collect::<Option<Vec<_>>>()?;
+    // Highest cap first: a sequential line's order (each back-off below the lowest so far);
+    // parallel trials may finish out of it.
+    let mut loads = loads;
+    loads.sort_by_key(|(_, c)| std::cmp::Reverse(*c));
     let param = space.params.iter().find(|p| p.name == cap)?;
     let crate::space::Kind::Int { min, .. } = param.kind else {
         return None;
@@ -726,6 +756,80 @@ fn back_off(
         config: cfg,
         expected_improvement: None,
     })
+}
+
+/// The most points of the batch ladder (`batch_fill`): caps down to a quarter of the
+/// workload's.
+const LADDER_STEPS: usize = 4;
+
+/// A free slot's proposal while trials run and none has finished feasible, after the start-up
+/// design: where a sequential study would wait for the workload's point to read its back-off
+/// from it, a parallel one spends the slot on what the back-off would try. First the ladder:
+/// the workload's point with its batch cap lowered by steps of √2 (down to a quarter; a
+/// per-token latency limit or the memory is what makes a cap too high, and a lower one is
+/// what the back-off tries next); then a second prior-shaped design (another Latin hypercube
+/// of one point per parameter plus one), so that the slots stay near the workload's priors
+/// rather than anywhere in the space. None when both are spent (`taken`: ran or runs).
+fn batch_fill(
+    kind: Algorithm,
+    whole: &Space,
+    search: &Search,
+    seed: u64,
+    taken: &dyn Fn(&Config) -> bool,
+) -> Option<Proposal> {
+    let ladder = || -> Option<Proposal> {
+        let cap = search.plan.cap.as_deref()?;
+        let (point, _) = search.startup.first()?;
+        if !search.plan.has_priors() {
+            return None;
+        }
+        let param = search.space.params.iter().find(|p| p.name == cap)?;
+        let crate::space::Kind::Int { min, .. } = param.kind else {
+            return None;
+        };
+        let Some(crate::space::Value::Int(top)) = point.get(cap) else {
+            return None;
+        };
+        (1..=LADDER_STEPS).find_map(|j| {
+            let want = ((*top as f64) * 0.5f64.powf(j as f64 / 2.0)).floor() as i64;
+            let snapped = match coord_of(param, &crate::space::Value::Int(want.max(min))) {
+                Coord::Num(u) => from_unit(param, u),
+                _ => return None,
+            };
+            let mut cfg = point.clone();
+            cfg.insert(cap.to_owned(), snapped.clone());
+            whole.repair(&mut cfg).ok()?;
+            (!taken(&cfg)).then(|| Proposal {
+                note: format!(
+                    "{}: batch ladder {j}/{LADDER_STEPS}: {cap} {top} -> {snapped} (while the workload's point runs)",
+                    kind.name()
+                ),
+                config: cfg,
+                expected_improvement: None,
+            })
+        })
+    };
+    if let Some(p) = ladder() {
+        return Some(p);
+    }
+    let arities: Vec<Option<usize>> = search.space.params.iter().map(arity).collect();
+    let n = search.space.params.len() + 1;
+    prior::design(&arities, &search.plan.priors, n, seed ^ 0xBA7C_4F11)
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, coords)| {
+            let mut cfg = decode(&search.space, &coords).ok()?;
+            oat::fill(whole, &search.frozen, &mut cfg).ok()?;
+            (!taken(&cfg)).then(|| Proposal {
+                config: cfg,
+                note: format!(
+                    "{}: batch design {}/{n} (while no trial has finished feasible)",
+                    kind.name(),
+                    i + 1
+                ),
+                expected_improvement: None,
+            })
+        })
 }
 
 /// The number of model-guided trials in `history` (those after the baselines, the warm start

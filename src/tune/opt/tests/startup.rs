@@ -283,3 +283,59 @@ fn an_edge_is_only_for_an_at_least_prior() {
         "{err}"
     );
 }
+
+#[test]
+fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_then_back_off_from_it(
+) {
+    let plan = Plan {
+        budget: 16,
+        cap: Some("y".into()),
+        ..priors(0.7, 4.0, 1)
+    };
+    for kind in [Algorithm::Gp, Algorithm::Tpe] {
+        let n = startup_trials(kind, &toy(), &plan, 0);
+        let mut opt = make(kind, &toy(), 0, &plan);
+        // Every slot starts at once: the defaults, the workload's point, the design, then
+        // (no trial has finished, the back-off has nothing to read) the cap's ladder.
+        let mut running: Vec<Config> = Vec::new();
+        let mut notes = Vec::new();
+        for _ in 0..(1 + n + 4) {
+            let p = opt.propose_batch(&[], &running).unwrap().unwrap();
+            notes.push(p.note.clone());
+            running.push(p.config);
+        }
+        let point = running[1].clone();
+        assert!(notes[1].contains("the workload's prior"), "{notes:?}");
+        assert_eq!(num(&point, "y"), 16.0);
+        let ladder: Vec<f64> = running[1 + n..].iter().map(|c| num(c, "y")).collect();
+        assert_eq!(ladder, [11.0, 8.0, 5.0, 4.0], "{notes:?}");
+        for (c, note) in running[1 + n..].iter().zip(&notes[1 + n..]) {
+            assert!(note.contains("batch ladder"), "{note}");
+            let mut c = c.clone();
+            c.insert("y".into(), Value::Int(16));
+            assert_eq!(c, point, "a ladder step moves the cap alone");
+        }
+        // The ladder spent, slots still fill near the priors (a second design), not at random.
+        let p = opt.propose_batch(&[], &running).unwrap().unwrap();
+        assert!(p.note.contains("batch design 1/"), "{}", p.note);
+        assert!(!running.contains(&p.config));
+        // The workload's point finishes over its limit while the rest still run: the next
+        // slot gets the back-off it implies (16 -> 12, as a sequential study's).
+        let history = vec![decode_bound(&running[0]), decode_bound(&point)];
+        let still: Vec<Config> = running[2..].to_vec();
+        let p = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(p.note.contains("back-off: y 16 -> 12"), "{}", p.note);
+        // Once a ladder step finished within the limit, no back-off below it.
+        let mut history = history;
+        let fits = running[1 + n + 1].clone(); // y = 8: 7.2 at once, 17.2 ms
+        history.push(decode_bound(&fits));
+        let still: Vec<Config> = running[2..]
+            .iter()
+            .filter(|c| **c != fits)
+            .cloned()
+            .collect();
+        let p = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(!p.note.contains("back-off"), "{}", p.note);
+        assert!(!p.note.contains("batch ladder"), "{}", p.note);
+    }
+}
