@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::prior::{exponent, log_density};
 use super::{guided, ranked, rng_for, Algorithm, Obs, Optimizer, Plan, Proposal};
-use crate::space::Space;
+use crate::space::{Config, Space};
 use crate::tune::encode::{
     arity, coord_distance, decode, edges, encode, neighbour, random_config, Coord,
 };
@@ -391,7 +391,34 @@ impl Gp {
 
 impl Optimizer for Gp {
     fn propose(&mut self, history: &[Obs]) -> Result<Proposal, String> {
-        let mut rng = rng_for(self.seed, history.len());
+        self.believing(history, &[])
+    }
+
+    /// With trials running: the Kriging believer (Ginsbourger et al. 2010). The model is fit
+    /// on the finished trials, then conditioned, with the same hyper-parameters, on each
+    /// running configuration at its own posterior mean: the mean is unchanged (nothing false
+    /// is learnt, the fit's length scales are the history's), the variance collapses at and
+    /// near the running points, so the expected improvement there does too and the next
+    /// proposal goes elsewhere, yet stays where the model expects the best. (A constant liar
+    /// at the worst value, tried first, pulled the mean of the best region down with every
+    /// running trial placed there: with 8 slots on the 10-parameter landscape fewer seeds came
+    /// within 2% of the optimum than with one.)
+    fn propose_batch(
+        &mut self,
+        history: &[Obs],
+        running: &[Config],
+    ) -> Result<Option<Proposal>, String> {
+        self.believing(history, running).map(Some)
+    }
+}
+
+impl Gp {
+    /// The proposal after `history` with `running` believed at the model's mean (none: the
+    /// sequential proposal). The random streams are numbered by finished plus running trials,
+    /// so that each proposal of a batch has its own.
+    fn believing(&mut self, history: &[Obs], running: &[Config]) -> Result<Proposal, String> {
+        let n = history.len() + running.len();
+        let mut rng = rng_for(self.seed, n);
         let feasible: Vec<&Obs> = history.iter().filter(|h| h.value.is_some()).collect();
         if feasible.is_empty() {
             return Ok(Proposal {
@@ -420,14 +447,27 @@ impl Optimizer for Gp {
             .iter()
             .map(|h| encode(&self.space, &h.config))
             .collect();
-        let Some(obj) = Model::fit(x, &y, None) else {
+        let Some(fitted) = Model::fit(x.clone(), &y, None) else {
             return Ok(Proposal {
                 config: self.space.sample(&mut rng)?,
                 note: "gp: kernel matrix not positive definite; random".into(),
                 expected_improvement: None,
             });
         };
-        let (slack_models, feas) = self.feasibility(history, &obj);
+        let (slack_models, feas) = self.feasibility(history, &fitted);
+        let obj = if running.is_empty() {
+            fitted
+        } else {
+            let xr: Vec<Vec<Coord>> = running.iter().map(|c| encode(&self.space, c)).collect();
+            let believed: Vec<f64> = xr
+                .iter()
+                .map(|c| fitted.predict(c).0 * fitted.sd + fitted.mean)
+                .collect();
+            let (ls, noise) = (fitted.ls.clone(), fitted.noise);
+            let xs: Vec<Vec<Coord>> = x.into_iter().chain(xr).collect();
+            let ys: Vec<f64> = y.iter().copied().chain(believed).collect();
+            Model::fit(xs, &ys, Some((&ls, noise))).unwrap_or(fitted)
+        };
         let best = values
             .iter()
             .map(|v| (tr(*v) - obj.mean) / obj.sd)
@@ -438,11 +478,11 @@ impl Optimizer for Gp {
             feas,
             slack: slack_models,
             best,
-            rng: RefCell::new(rng_for(self.seed ^ 0xA11EA1, history.len())),
+            rng: RefCell::new(rng_for(self.seed ^ 0xA11EA1, n)),
             priors: &self.plan.priors,
             beta: exponent(
                 self.plan.budget,
-                guided(Algorithm::Gp, &self.space, &self.plan, history.len()),
+                guided(Algorithm::Gp, &self.space, &self.plan, n),
             ),
         };
         let cands = self.candidates(history, &mut rng);
@@ -455,9 +495,8 @@ impl Optimizer for Gp {
         };
         // Refine with argmin's simulated annealing on the acquisition.
         let init = to_params(&crate::tune::encode::complete(&self.space, &start));
-        let solver =
-            SimulatedAnnealing::new_with_rng(1.0, rng_for(self.seed ^ 0x5A, history.len()))
-                .map_err(|e| format!("gp: {e}"))?;
+        let solver = SimulatedAnnealing::new_with_rng(1.0, rng_for(self.seed ^ 0x5A, n))
+            .map_err(|e| format!("gp: {e}"))?;
         let refined = Executor::new(&acq, solver)
             .configure(|s| s.param(init).max_iters(ANNEAL_ITERS))
             .run()

@@ -469,7 +469,22 @@ impl WithBaselines {
             return Ok(Some(p));
         }
         if let Some((point, _)) = search.startup.first() {
-            let left = tried.len() < search.startup.len();
+            // Sequentially the edge follows the line, in a start-up slot. With trials
+            // running, design points may finish before the line's: the line's finished
+            // points first (the edge's base is among them), and the edge is due whenever
+            // its base has finished, design slots left or not (it runs once, and once more
+            // half-way back).
+            let (tried, left) = if running.is_empty() {
+                (tried.clone(), tried.len() < search.startup.len())
+            } else {
+                let cap = self.plan.cap.as_deref();
+                let (mut on, off): (Vec<Obs>, Vec<Obs>) = tried
+                    .iter()
+                    .cloned()
+                    .partition(|o| on_line(point, cap, &o.config));
+                on.extend(off);
+                (on, true)
+            };
             if let Some(p) = edge::propose(
                 &self.kind,
                 &search.space,
@@ -572,9 +587,18 @@ fn guided_proposal(
     let Some(seen_so_far) = fantasised(kind, history, running) else {
         return Ok(None);
     };
+    // The GP believes its own model at the running points (`Gp::propose_batch`); the others
+    // read the fantasised history.
+    let mut p = if kind == Algorithm::Gp && !running.is_empty() {
+        match search.inner.propose_batch(history, running)? {
+            Some(p) => p,
+            None => return Ok(None),
+        }
+    } else {
+        search.inner.propose(&seen_so_far)?
+    };
     // With nothing running, the history itself.
     let history = &seen_so_far[..];
-    let mut p = search.inner.propose(history)?;
     let valid = oat::fill(whole, &search.frozen, &mut p.config).is_ok();
     let seen: HashSet<String> = history.iter().map(|h| key(&h.config)).collect();
     if valid && !seen.contains(&key(&p.config)) {
@@ -609,12 +633,9 @@ fn guided_proposal(
 /// - TPE: Optuna's `constant_liar`: a running trial counts as the worst, infeasible but not
 ///   failed (no value, nothing measured), so it lands in the "bad" density g and the next
 ///   candidates are drawn away from it, without the crash region growing;
-/// - GP: CL-min (the constant liar at the minimum, Ginsbourger et al.): the worst feasible
-///   value observed, as value and as measured, with no slack (unknown): the posterior's
-///   variance, and so the expected improvement, collapse at and near the running point, while
-///   the slack models (fitted on measured slack only) learn nothing false and the point counts
-///   as no improvement; before any feasible trial the GP samples at random, and the lie is
-///   the TPE's;
+/// - GP: no lie in the history (the TPE's shape, for its length and its configurations):
+///   it proposes with `Gp::propose_batch`, the Kriging believer, its model conditioned on
+///   each running point at its own posterior mean;
 /// - Anneal: a rejected move (no value): the walk stays where it is and the next proposal is
 ///   another neighbour of the current point;
 /// - Random and Grid read only the configurations (and the history's length): the TPE's lie;
@@ -627,16 +648,11 @@ fn fantasised(kind: Algorithm, history: &[Obs], running: &[Config]) -> Option<Ve
     if kind == Algorithm::Reports {
         return None;
     }
-    let worst = history
-        .iter()
-        .filter_map(|o| o.value)
-        .reduce(f64::min)
-        .filter(|_| kind == Algorithm::Gp);
     let lie = |c: &Config| Obs {
         config: c.clone(),
-        value: worst,
+        value: None,
         failed: false,
-        measured: worst,
+        measured: None,
         slack: Vec::new(),
         decode: None,
     };

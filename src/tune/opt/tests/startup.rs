@@ -339,3 +339,42 @@ fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_
         assert!(!p.note.contains("batch ladder"), "{}", p.note);
     }
 }
+
+#[test]
+fn with_parallel_trials_the_memory_edge_follows_the_workloads_point_whenever_it_finishes() {
+    let space = Space::parse(MEMORY, "memory.toml").unwrap();
+    let plan = memory_plan(&space, 12);
+    let eval = memory_bound(0.965);
+    for kind in [Algorithm::Gp, Algorithm::Tpe] {
+        let n = startup_trials(kind, &space, &plan, 0);
+        assert!(n >= 3);
+        let mut opt = make(kind, &space, 0, &plan);
+        // The defaults, the workload's point and the whole design start at once.
+        let mut running: Vec<Config> = Vec::new();
+        for _ in 0..(1 + n) {
+            let p = opt.propose_batch(&[], &running).unwrap().unwrap();
+            running.push(p.config);
+        }
+        let point = running[1].clone();
+        // Every design point but the last finishes before the workload's point, then it does.
+        let mut history: Vec<Obs> = vec![eval(&running[0])];
+        history.extend(running[2..n].iter().map(&eval));
+        history.push(eval(&point));
+        let still = vec![running[n].clone()];
+        let p = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(
+            p.note.contains("memory edge"),
+            "{}: {}",
+            kind.name(),
+            p.note
+        );
+        assert_eq!(
+            (num(&p.config, "frac"), num(&p.config, "chunk")),
+            (0.95, 2048.0)
+        );
+        // Once it ran, not again.
+        history.push(eval(&p.config));
+        let next = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(!next.note.contains("memory edge"), "{}", next.note);
+    }
+}
