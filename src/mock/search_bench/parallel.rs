@@ -9,7 +9,7 @@
 //! the history. Reported per K: trials finished and wall-clock time until the recommendation
 //! (the best feasible trial so far, as the study's) is within 2% of the optimum, medians over
 //! seeds, and both as ratios to one slot. The optimum is the best of every point visited, a
-//! random sample and the grid, climbed one parameter at a time from the best three (`polish`).
+//! random sample and the grid, climbed one parameter at a time from the best eight (`polish`).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -109,7 +109,7 @@ pub fn study(
     Run { points: out, peak }
 }
 
-/// Climbs from the best points in `truths` one parameter at a time (every value of a
+/// Climbs from the best eight points in `truths` one parameter at a time (every value of a
 /// categorical one, steps of 1/128 to 1/4 of a numeric one's range) on the noise-free
 /// landscape, so that the optimum the trials are measured against is the top of its hill, not
 /// only the best of what the studies and the samples happened to visit (the visited points
@@ -131,8 +131,8 @@ fn polish(l: &Landscape, truths: &mut HashMap<String, Option<f64>>) {
         .filter_map(|(k, v)| Some(((*v)?, serde_json::from_str::<Config>(k).ok()?)))
         .collect();
     starts.sort_by(|a, b| b.0.total_cmp(&a.0));
-    for (mut best, mut at) in starts.into_iter().take(3) {
-        for _ in 0..6 {
+    for (mut best, mut at) in starts.into_iter().take(8) {
+        for _ in 0..8 {
             let mut moved = false;
             for p in &l.space.params {
                 let Some(now) = at.get(&p.name).cloned() else {

@@ -462,11 +462,23 @@ impl WithBaselines {
             let line: Vec<Obs> = tried.iter().filter(on).cloned().collect();
             (line, search.startup.len() + LADDER_STEPS)
         };
-        if let Some(p) = back_off(&self.kind, &self.space, search, &self.plan, &line, limit)
+        // Sequentially one step; with trials running, once it runs, a bracket around it.
+        let nudges: &[f64] = if running.is_empty() { &[1.0] } else { &BRACKET };
+        for nudge in nudges {
+            if let Some(p) = back_off(
+                &self.kind,
+                &self.space,
+                search,
+                &self.plan,
+                &line,
+                limit,
+                *nudge,
+            )
             .filter(free)
             .filter(|p| !taken(&p.config))
-        {
-            return Ok(Some(p));
+            {
+                return Ok(Some(p));
+            }
         }
         if let Some((point, _)) = search.startup.first() {
             // Sequentially the edge follows the line, in a start-up slot. With trials
@@ -510,7 +522,7 @@ impl WithBaselines {
             && !running.is_empty()
             && history.iter().all(|o| o.value.is_none())
         {
-            if let Some(p) = batch_fill(self.kind, &self.space, search, self.seed, &taken) {
+            if let Some(p) = batch_ladder(self.kind, &self.space, search, &taken) {
                 return Ok(Some(p));
             }
         }
@@ -697,6 +709,7 @@ fn back_off(
     plan: &Plan,
     tried: &[Obs],
     limit: usize,
+    nudge: f64,
 ) -> Option<Proposal> {
     let cap = plan.cap.as_deref()?;
     let (point, _) = search.startup.first()?;
@@ -750,7 +763,7 @@ fn back_off(
     if lowest_cap <= min {
         return None;
     }
-    let want = ((batch * scale).floor() as i64).clamp(min, lowest_cap - 1);
+    let want = ((batch * scale * nudge).floor() as i64).clamp(min, lowest_cap - 1);
     let mut cfg = point.clone();
     let snapped = match coord_of(param, &crate::space::Value::Int(want)) {
         Coord::Num(u) => from_unit(param, u),
@@ -764,88 +777,76 @@ fn back_off(
     };
     Some(Proposal {
         note: format!(
-            "{}: back-off: {cap} {last_cap} -> {got} (the last run decoded {:.0} sequences at once, {:+.0}% over its per-token latency limit)",
+            "{}: back-off: {cap} {last_cap} -> {got} (the last run decoded {:.0} sequences at once, {:+.0}% over its per-token latency limit){}",
             kind.name(),
             last.batch,
-            100.0 * (last.slack.exp() - 1.0)
+            100.0 * (last.slack.exp() - 1.0),
+            if nudge == 1.0 {
+                String::new()
+            } else {
+                format!("; bracket {:+.1}%", 100.0 * (nudge - 1.0))
+            }
         ),
         config: cfg,
         expected_improvement: None,
     })
 }
 
-/// The most points of the batch ladder (`batch_fill`): caps down to a quarter of the
+/// With trials running, the back-off's step and a bracket around it, in this order (as
+/// factors of the batch it aims at): a slot that would wait for the step's reading measures
+/// the cap a few percent either side of it instead, where the optimum of a latency-bound
+/// workload lies (the step's affine model of the per-token time is an estimate).
+const BRACKET: [f64; 5] = [1.0, 1.035, 0.965, 1.07, 0.93];
+
+/// The most points of the batch ladder (`batch_ladder`): caps down to a quarter of the
 /// workload's.
 const LADDER_STEPS: usize = 4;
 
 /// A free slot's proposal while trials run and none has finished feasible, after the start-up
 /// design: where a sequential study would wait for the workload's point to read its back-off
-/// from it, a parallel one spends the slot on what the back-off would try. First the ladder:
-/// the workload's point with its batch cap lowered by steps of √2 (down to a quarter; a
-/// per-token latency limit or the memory is what makes a cap too high, and a lower one is
-/// what the back-off tries next); then a second prior-shaped design (another Latin hypercube
-/// of one point per parameter plus one), so that the slots stay near the workload's priors
-/// rather than anywhere in the space. None when both are spent (`taken`: ran or runs).
-fn batch_fill(
+/// from it, a parallel one spends the slot on what the back-off would try, the ladder: the
+/// workload's point with its batch cap lowered by steps of √2, down to a quarter (a per-token
+/// latency limit or the memory is what makes a cap too high, and a lower one is what the
+/// back-off tries next). None when it is spent (`taken`: ran or runs) or the study has no
+/// cap: then the model's proposal (a GP with nothing feasible yet samples at random; a second
+/// prior-shaped design in its place did no better on `search-bench --parallel`, and worse
+/// under a misleading prior).
+fn batch_ladder(
     kind: Algorithm,
     whole: &Space,
     search: &Search,
-    seed: u64,
     taken: &dyn Fn(&Config) -> bool,
 ) -> Option<Proposal> {
-    let ladder = || -> Option<Proposal> {
-        let cap = search.plan.cap.as_deref()?;
-        let (point, _) = search.startup.first()?;
-        if !search.plan.has_priors() {
-            return None;
-        }
-        let param = search.space.params.iter().find(|p| p.name == cap)?;
-        let crate::space::Kind::Int { min, .. } = param.kind else {
-            return None;
-        };
-        let Some(crate::space::Value::Int(top)) = point.get(cap) else {
-            return None;
-        };
-        (1..=LADDER_STEPS).find_map(|j| {
-            let want = ((*top as f64) * 0.5f64.powf(j as f64 / 2.0)).floor() as i64;
-            let snapped = match coord_of(param, &crate::space::Value::Int(want.max(min))) {
-                Coord::Num(u) => from_unit(param, u),
-                _ => return None,
-            };
-            let mut cfg = point.clone();
-            cfg.insert(cap.to_owned(), snapped.clone());
-            whole.repair(&mut cfg).ok()?;
-            (!taken(&cfg)).then(|| Proposal {
-                note: format!(
-                    "{}: batch ladder {j}/{LADDER_STEPS}: {cap} {top} -> {snapped} (while the workload's point runs)",
-                    kind.name()
-                ),
-                config: cfg,
-                expected_improvement: None,
-            })
-        })
-    };
-    if let Some(p) = ladder() {
-        return Some(p);
+    let cap = search.plan.cap.as_deref()?;
+    let (point, _) = search.startup.first()?;
+    if !search.plan.has_priors() {
+        return None;
     }
-    let arities: Vec<Option<usize>> = search.space.params.iter().map(arity).collect();
-    let n = search.space.params.len() + 1;
-    prior::design(&arities, &search.plan.priors, n, seed ^ 0xBA7C_4F11)
-        .into_iter()
-        .enumerate()
-        .find_map(|(i, coords)| {
-            let mut cfg = decode(&search.space, &coords).ok()?;
-            oat::fill(whole, &search.frozen, &mut cfg).ok()?;
-            (!taken(&cfg)).then(|| Proposal {
-                config: cfg,
-                note: format!(
-                    "{}: batch design {}/{n} (while no trial has finished feasible)",
-                    kind.name(),
-                    i + 1
-                ),
-                expected_improvement: None,
-            })
+    let param = search.space.params.iter().find(|p| p.name == cap)?;
+    let crate::space::Kind::Int { min, .. } = param.kind else {
+        return None;
+    };
+    let Some(crate::space::Value::Int(top)) = point.get(cap) else {
+        return None;
+    };
+    (1..=LADDER_STEPS).find_map(|j| {
+        let want = ((*top as f64) * 0.5f64.powf(j as f64 / 2.0)).floor() as i64;
+        let snapped = match coord_of(param, &crate::space::Value::Int(want.max(min))) {
+            Coord::Num(u) => from_unit(param, u),
+            _ => return None,
+        };
+        let mut cfg = point.clone();
+        cfg.insert(cap.to_owned(), snapped.clone());
+        whole.repair(&mut cfg).ok()?;
+        (!taken(&cfg)).then(|| Proposal {
+            note: format!(
+                "{}: batch ladder {j}/{LADDER_STEPS}: {cap} {top} -> {snapped} (while the workload's point runs)",
+                kind.name()
+            ),
+            config: cfg,
+            expected_improvement: None,
         })
+    })
 }
 
 /// The number of model-guided trials in `history` (those after the baselines, the warm start

@@ -315,9 +315,9 @@ fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_
             c.insert("y".into(), Value::Int(16));
             assert_eq!(c, point, "a ladder step moves the cap alone");
         }
-        // The ladder spent, slots still fill near the priors (a second design), not at random.
+        // The ladder spent, the model proposes (nothing feasible yet: elsewhere).
         let p = opt.propose_batch(&[], &running).unwrap().unwrap();
-        assert!(p.note.contains("batch design 1/"), "{}", p.note);
+        assert!(!p.note.contains("batch ladder"), "{}", p.note);
         assert!(!running.contains(&p.config));
         // The workload's point finishes over its limit while the rest still run: the next
         // slot gets the back-off it implies (16 -> 12, as a sequential study's).
@@ -325,6 +325,18 @@ fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_
         let still: Vec<Config> = running[2..].to_vec();
         let p = opt.propose_batch(&history, &still).unwrap().unwrap();
         assert!(p.note.contains("back-off: y 16 -> 12"), "{}", p.note);
+        assert!(!p.note.contains("bracket"), "{}", p.note);
+        // While that step runs, the next slot brackets it: of 12.4 sequences aimed at ±3.5%
+        // and ±7%, only +7% (13) is neither the step's 12 nor the ladder's 11, which runs;
+        // once that runs too, no more back-off.
+        let mut still = still;
+        still.push(p.config.clone());
+        let q = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(q.note.contains("back-off: y 16 -> 13"), "{}", q.note);
+        assert!(q.note.contains("bracket +7.0%"), "{}", q.note);
+        still.push(q.config);
+        let r = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(!r.note.contains("back-off"), "{}", r.note);
         // Once a ladder step finished within the limit, no back-off below it.
         let mut history = history;
         let fits = running[1 + n + 1].clone(); // y = 8: 7.2 at once, 17.2 ms
