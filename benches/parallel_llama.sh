@@ -7,7 +7,7 @@
 # Extra arguments: the budget (default 8 trials) and the state directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=target/release/servetune
+bin="${SERVETUNE_BIN:-target/release/servetune}"
 budget="${1:-8}"
 state="${2:-$(mktemp -d)}"
 dir="$(mktemp -d)"
