@@ -87,7 +87,10 @@ pub(super) fn propose(
         .filter_map(|o| o.value.map(|v| (v, o)))
         .max_by(|a, b| a.0.total_cmp(&b.0))?
         .1;
-    let ran = |c: &Config| tried.iter().find(|o| &o.config == c);
+    // Up to the cap: with parallel trials a later back-off of the line may become the base,
+    // and the edge moved from it is the same edge (sequentially the base cannot change after
+    // the edge ran: no back-off follows a point off the line).
+    let ran = |c: &Config| tried.iter().find(|o| super::on_line(c, cap, &o.config));
     let full = toward_edge(space, &knobs, &base.config, 1.0)?;
     let (cfg, why) = match ran(&full) {
         None => (full, "the KV cache gets what the workload does not need"),

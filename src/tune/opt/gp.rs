@@ -197,6 +197,23 @@ impl Model {
         Some(m)
     }
 
+    /// This model conditioned on more points, `ys` in its standardised scale, with its
+    /// hyper-parameters and its standardisation (its prior mean and scale stay).
+    fn conditioned(&self, more: Vec<Vec<Coord>>, ys: Vec<f64>, own: &[f64]) -> Option<Model> {
+        let x: Vec<Vec<Coord>> = self.x.iter().cloned().chain(more).collect();
+        let y: Vec<f64> = own.iter().copied().chain(ys).collect();
+        let (_, chol, alpha) = fit_with(&x, &y, &self.ls, self.noise)?;
+        Some(Model {
+            x,
+            chol,
+            alpha,
+            ls: self.ls.clone(),
+            noise: self.noise,
+            mean: self.mean,
+            sd: self.sd,
+        })
+    }
+
     /// Posterior mean and standard deviation in the standardised scale.
     fn predict(&self, c: &[Coord]) -> (f64, f64) {
         let ks: Vec<f64> = self.x.iter().map(|xi| kernel(xi, c, &self.ls)).collect();
@@ -395,11 +412,12 @@ impl Optimizer for Gp {
     }
 
     /// With trials running: the Kriging believer (Ginsbourger et al. 2010). The model is fit
-    /// on the finished trials, then conditioned, with the same hyper-parameters, on each
-    /// running configuration at its own posterior mean: the mean is unchanged (nothing false
-    /// is learnt, the fit's length scales are the history's), the variance collapses at and
-    /// near the running points, so the expected improvement there does too and the next
-    /// proposal goes elsewhere, yet stays where the model expects the best. (A constant liar
+    /// on the finished trials, then conditioned, with the same hyper-parameters and
+    /// standardisation, on each running configuration at its own posterior mean: the mean
+    /// surface is unchanged (nothing false is learnt, the fit's length scales are the
+    /// history's), the variance collapses at and near the running points, so the expected
+    /// improvement there does too and the next proposal goes elsewhere, yet stays where the
+    /// model expects the best. (A constant liar
     /// at the worst value, tried first, pulled the mean of the best region down with every
     /// running trial placed there: with 8 slots on the 10-parameter landscape fewer seeds came
     /// within 2% of the optimum than with one.)
@@ -447,7 +465,7 @@ impl Gp {
             .iter()
             .map(|h| encode(&self.space, &h.config))
             .collect();
-        let Some(fitted) = Model::fit(x.clone(), &y, None) else {
+        let Some(fitted) = Model::fit(x, &y, None) else {
             return Ok(Proposal {
                 config: self.space.sample(&mut rng)?,
                 note: "gp: kernel matrix not positive definite; random".into(),
@@ -458,15 +476,20 @@ impl Gp {
         let obj = if running.is_empty() {
             fitted
         } else {
+            // Each running point at its posterior mean, in the history's standardisation and
+            // with its hyper-parameters: the mean surface is the history's; only the variance
+            // falls at and near the running points. `best` below stays the best finished
+            // feasible value: a believed value is no result (and may turn out infeasible).
             let xr: Vec<Vec<Coord>> = running.iter().map(|c| encode(&self.space, c)).collect();
-            let believed: Vec<f64> = xr
-                .iter()
-                .map(|c| fitted.predict(c).0 * fitted.sd + fitted.mean)
-                .collect();
-            let (ls, noise) = (fitted.ls.clone(), fitted.noise);
-            let xs: Vec<Vec<Coord>> = x.into_iter().chain(xr).collect();
-            let ys: Vec<f64> = y.iter().copied().chain(believed).collect();
-            Model::fit(xs, &ys, Some((&ls, noise))).unwrap_or(fitted)
+            let believed: Vec<f64> = xr.iter().map(|c| fitted.predict(c).0).collect();
+            let own: Vec<f64> = y.iter().map(|v| (v - fitted.mean) / fitted.sd).collect();
+            // (A kernel matrix that is not positive definite, which the noise term all but
+            // rules out, leaves the history's model: the repeat check below still spreads
+            // the batch.)
+            match fitted.conditioned(xr, believed, &own) {
+                Some(m) => m,
+                None => fitted,
+            }
         };
         let best = values
             .iter()

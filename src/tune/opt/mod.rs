@@ -475,7 +475,7 @@ impl WithBaselines {
                 *nudge,
             )
             .filter(free)
-            .filter(|p| !taken(&p.config))
+            .filter(|p| running.is_empty() || !taken(&p.config))
             {
                 return Ok(Some(p));
             }
@@ -485,11 +485,11 @@ impl WithBaselines {
             // running, design points may finish before the line's: the line's finished
             // points first (the edge's base is among them), and the edge is due whenever
             // its base has finished, design slots left or not (it runs once, and once more
-            // half-way back).
+            // half-way back, whatever the base's cap; nor while one runs).
+            let cap = self.plan.cap.as_deref();
             let (tried, left) = if running.is_empty() {
                 (tried.clone(), tried.len() < search.startup.len())
             } else {
-                let cap = self.plan.cap.as_deref();
                 let (mut on, off): (Vec<Obs>, Vec<Obs>) = tried
                     .iter()
                     .cloned()
@@ -506,7 +506,7 @@ impl WithBaselines {
                 &tried,
                 left,
             )
-            .filter(free)
+            .filter(|p| !running.iter().any(|r| on_line(&p.config, cap, r)))
             {
                 return Ok(Some(p));
             }

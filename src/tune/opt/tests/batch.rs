@@ -208,5 +208,19 @@ fn tpe_lies_as_the_worst_trial_and_the_gp_believes_its_model_at_the_running_poin
         .unwrap()
         .unwrap();
     assert_ne!(next.config, alone.config);
+    assert!(!next.note.contains("random instead"), "{}", next.note);
     assert!(next.expected_improvement.is_some(), "{}", next.note);
+    // It is the belief that moves it, not the proposal's random stream (numbered by finished
+    // plus running trials): with a running point far from the sequential proposal instead,
+    // the same stream proposes elsewhere than with the sequential proposal running.
+    let mut far = alone.config.clone();
+    let x = num(&far, "x");
+    far.insert("x".into(), Value::Float(if x > 0.5 { 0.0 } else { 1.0 }));
+    let y = num(&far, "y");
+    far.insert("y".into(), Value::Int(if y > 8.0 { 1 } else { 64 }));
+    let elsewhere = gp
+        .propose_batch(&h, std::slice::from_ref(&far))
+        .unwrap()
+        .unwrap();
+    assert_ne!(elsewhere.config, next.config, "{elsewhere:?} {next:?}");
 }
