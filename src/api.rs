@@ -126,10 +126,17 @@ pub struct TrialV1 {
     /// The failure of a first attempt after which the trial ran once more.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retried_after: Option<TrialFailure>,
-    /// The devices its engine was pinned to, in a parallel study (GPU indices as NVML
-    /// numbers them, core numbers).
+    /// The devices its engine was pinned to, in a parallel study.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub slot: Option<crate::engine::slots::Placement>,
+    pub slot: Option<SlotV1>,
+}
+
+/// A parallel trial's slot: GPU indices as NVML numbers them, core numbers (either may be
+/// empty).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotV1 {
+    pub gpus: Vec<u32>,
+    pub cores: Vec<usize>,
 }
 
 /// The best known configuration for a model, hardware, engine version and workload.
@@ -243,7 +250,10 @@ impl From<&TrialRecord> for TrialV1 {
             stopped: t.stopped,
             startup_s: t.startup_s,
             retried_after: t.retried_after.clone(),
-            slot: t.slot.clone(),
+            slot: t.slot.as_ref().map(|p| SlotV1 {
+                gpus: p.gpus.clone(),
+                cores: p.cores.clone(),
+            }),
         }
     }
 }
