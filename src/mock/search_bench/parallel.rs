@@ -64,7 +64,7 @@ pub fn study(
     let mut out = Vec::new();
     let mut stopped = false;
     let mut peak = 0;
-    let debug = std::env::var_os("SERVETUNE_DEBUG_PARALLEL").is_some();
+    let debug = std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some();
     while history.len() < n {
         while !stopped && running.len() < k && started < n {
             let configs: Vec<Config> = running.iter().map(|r| r.2.clone()).collect();

@@ -447,20 +447,23 @@ impl WithBaselines {
         let before = self.baselines.len() + self.warm.len() + self.moves.len();
         let k = (history.len() + running.len()).saturating_sub(before);
         let free = |p: &Proposal| !running.contains(&p.config);
-        // The back-off reads the workload's line: a sequential study's whole start-up until
-        // a point off the line ran; with trials running, the line's finished points among
-        // the design's (the round's ladder included).
-        let (line, limit) = if running.is_empty() {
-            (tried.clone(), search.startup.len())
+        // The workload's line (its point and the point's back-offs) among the finished
+        // trials, then the rest. Sequentially the line is the start-up's prefix, and both the
+        // back-off and the edge read the finished trials as they are; with trials running,
+        // design points may finish before the line's: the back-off reads the line's finished
+        // points (the round's ladder included) and the edge the line's first.
+        let cap = self.plan.cap.as_deref();
+        let (line, rest): (Vec<Obs>, Vec<Obs>) = match search.startup.first() {
+            Some((point, _)) if !running.is_empty() => tried
+                .iter()
+                .cloned()
+                .partition(|o| on_line(point, cap, &o.config)),
+            _ => (tried.clone(), Vec::new()),
+        };
+        let limit = if running.is_empty() {
+            search.startup.len()
         } else {
-            let on = |o: &&Obs| {
-                search
-                    .startup
-                    .first()
-                    .is_some_and(|(p, _)| on_line(p, self.plan.cap.as_deref(), &o.config))
-            };
-            let line: Vec<Obs> = tried.iter().filter(on).cloned().collect();
-            (line, search.startup.len() + LADDER_STEPS)
+            search.startup.len() + LADDER_STEPS
         };
         // Sequentially one step; with trials running, once it runs, a bracket around it.
         let nudges: &[f64] = if running.is_empty() { &[1.0] } else { &BRACKET };
@@ -481,22 +484,11 @@ impl WithBaselines {
             }
         }
         if let Some((point, _)) = search.startup.first() {
-            // Sequentially the edge follows the line, in a start-up slot. With trials
-            // running, design points may finish before the line's: the line's finished
-            // points first (the edge's base is among them), and the edge is due whenever
-            // its base has finished, design slots left or not (it runs once, and once more
-            // half-way back, whatever the base's cap; nor while one runs).
-            let cap = self.plan.cap.as_deref();
-            let (tried, left) = if running.is_empty() {
-                (tried.clone(), tried.len() < search.startup.len())
-            } else {
-                let (mut on, off): (Vec<Obs>, Vec<Obs>) = tried
-                    .iter()
-                    .cloned()
-                    .partition(|o| on_line(point, cap, &o.config));
-                on.extend(off);
-                (on, true)
-            };
+            // The edge is due, sequentially, in a start-up slot; with trials running whenever
+            // its base has finished (it runs once, and once more half-way back, whatever the
+            // base's cap; nor while one runs).
+            let left = !running.is_empty() || tried.len() < search.startup.len();
+            let tried: Vec<Obs> = line.iter().chain(&rest).cloned().collect();
             if let Some(p) = edge::propose(
                 &self.kind,
                 &search.space,
@@ -764,13 +756,7 @@ fn back_off(
         return None;
     }
     let want = ((batch * scale * nudge).floor() as i64).clamp(min, lowest_cap - 1);
-    let mut cfg = point.clone();
-    let snapped = match coord_of(param, &crate::space::Value::Int(want)) {
-        Coord::Num(u) => from_unit(param, u),
-        _ => return None,
-    };
-    cfg.insert(cap.to_owned(), snapped);
-    space.repair(&mut cfg).ok()?;
+    let cfg = with_cap(space, param, point, want)?;
     let got = match cfg.get(cap) {
         Some(crate::space::Value::Int(c)) if *c < lowest_cap => *c,
         _ => return None,
@@ -790,6 +776,24 @@ fn back_off(
         config: cfg,
         expected_improvement: None,
     })
+}
+
+/// `point` with its batch cap `param` at `want`, snapped to the parameter's grid and
+/// repaired in `space`; None where the cap is not numeric or the space refuses it.
+fn with_cap(
+    space: &Space,
+    param: &crate::space::Param,
+    point: &Config,
+    want: i64,
+) -> Option<Config> {
+    let snapped = match coord_of(param, &crate::space::Value::Int(want)) {
+        Coord::Num(u) => from_unit(param, u),
+        _ => return None,
+    };
+    let mut cfg = point.clone();
+    cfg.insert(param.name.clone(), snapped);
+    space.repair(&mut cfg).ok()?;
+    Some(cfg)
 }
 
 /// With trials running, the back-off's step and a bracket around it, in this order (as
@@ -831,13 +835,8 @@ fn batch_ladder(
     };
     (1..=LADDER_STEPS).find_map(|j| {
         let want = ((*top as f64) * 0.5f64.powf(j as f64 / 2.0)).floor() as i64;
-        let snapped = match coord_of(param, &crate::space::Value::Int(want.max(min))) {
-            Coord::Num(u) => from_unit(param, u),
-            _ => return None,
-        };
-        let mut cfg = point.clone();
-        cfg.insert(cap.to_owned(), snapped.clone());
-        whole.repair(&mut cfg).ok()?;
+        let cfg = with_cap(whole, param, point, want.max(min))?;
+        let snapped = cfg.get(cap)?.clone();
         (!taken(&cfg)).then(|| Proposal {
             note: format!(
                 "{}: batch ladder {j}/{LADDER_STEPS}: {cap} {top} -> {snapped} (while the workload's point runs)",
