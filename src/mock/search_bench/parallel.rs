@@ -217,6 +217,17 @@ pub fn run_parallel(opts: &BenchOptions, ks: &[usize]) -> Result<String, String>
                 .iter()
                 .map(|t| to_two_percent(&t.points, best))
                 .collect();
+            if std::env::var_os("SERVETUNE_DEBUG_BENCH").is_some() {
+                eprintln!(
+                    "{} k={k} per seed (trials, hours): {}",
+                    l.name,
+                    reached
+                        .iter()
+                        .map(|r| format!("({}, {:.2})", r.0, r.2 / 3600.0))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+            }
             let trials = median(reached.iter().map(|r| r.0).collect());
             let started = median(reached.iter().map(|r| r.1).collect());
             let secs = median(reached.iter().map(|r| r.2).collect());

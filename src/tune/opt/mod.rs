@@ -7,6 +7,7 @@
 //! baselines every result is compared with.
 
 mod anneal;
+mod batch;
 mod edge;
 mod gp;
 pub mod oat;
@@ -463,10 +464,14 @@ impl WithBaselines {
         let limit = if running.is_empty() {
             search.startup.len()
         } else {
-            search.startup.len() + LADDER_STEPS
+            search.startup.len() + batch::LADDER_STEPS
         };
         // Sequentially one step; with trials running, once it runs, a bracket around it.
-        let nudges: &[f64] = if running.is_empty() { &[1.0] } else { &BRACKET };
+        let nudges: &[f64] = if running.is_empty() {
+            &[1.0]
+        } else {
+            &batch::BRACKET
+        };
         for nudge in nudges {
             if let Some(p) = back_off(
                 &self.kind,
@@ -497,6 +502,7 @@ impl WithBaselines {
                 point,
                 &tried,
                 left,
+                running.contains(point),
             )
             .filter(|p| !running.iter().any(|r| on_line(&p.config, cap, r)))
             {
@@ -514,7 +520,12 @@ impl WithBaselines {
             && !running.is_empty()
             && history.iter().all(|o| o.value.is_none())
         {
-            if let Some(p) = batch_ladder(self.kind, &self.space, search, &taken) {
+            if let Some(p) = batch::ladder(self.kind, &self.space, search, &taken) {
+                return Ok(Some(p));
+            }
+            if let Some(p) =
+                batch::fill(self.kind, &self.space, search, self.seed, history, running)
+            {
                 return Ok(Some(p));
             }
         }
@@ -794,58 +805,6 @@ fn with_cap(
     cfg.insert(param.name.clone(), snapped);
     space.repair(&mut cfg).ok()?;
     Some(cfg)
-}
-
-/// With trials running, the back-off's step and a bracket around it, in this order (as
-/// factors of the batch it aims at): a slot that would wait for the step's reading measures
-/// the cap a few percent either side of it instead, where the optimum of a latency-bound
-/// workload lies (the step's affine model of the per-token time is an estimate).
-const BRACKET: [f64; 5] = [1.0, 1.035, 0.965, 1.07, 0.93];
-
-/// The most points of the batch ladder (`batch_ladder`): caps down to a quarter of the
-/// workload's.
-const LADDER_STEPS: usize = 4;
-
-/// A free slot's proposal while trials run and none has finished feasible, after the start-up
-/// design: where a sequential study would wait for the workload's point to read its back-off
-/// from it, a parallel one spends the slot on what the back-off would try, the ladder: the
-/// workload's point with its batch cap lowered by steps of √2, down to a quarter (a per-token
-/// latency limit or the memory is what makes a cap too high, and a lower one is what the
-/// back-off tries next). None when it is spent (`taken`: ran or runs) or the study has no
-/// cap: then the model's proposal (a GP with nothing feasible yet samples at random; a second
-/// prior-shaped design in its place did no better on `search-bench --parallel`, and worse
-/// under a misleading prior).
-fn batch_ladder(
-    kind: Algorithm,
-    whole: &Space,
-    search: &Search,
-    taken: &dyn Fn(&Config) -> bool,
-) -> Option<Proposal> {
-    let cap = search.plan.cap.as_deref()?;
-    let (point, _) = search.startup.first()?;
-    if !search.plan.has_priors() {
-        return None;
-    }
-    let param = search.space.params.iter().find(|p| p.name == cap)?;
-    let crate::space::Kind::Int { min, .. } = param.kind else {
-        return None;
-    };
-    let Some(crate::space::Value::Int(top)) = point.get(cap) else {
-        return None;
-    };
-    (1..=LADDER_STEPS).find_map(|j| {
-        let want = ((*top as f64) * 0.5f64.powf(j as f64 / 2.0)).floor() as i64;
-        let cfg = with_cap(whole, param, point, want.max(min))?;
-        let snapped = cfg.get(cap)?.clone();
-        (!taken(&cfg)).then(|| Proposal {
-            note: format!(
-                "{}: batch ladder {j}/{LADDER_STEPS}: {cap} {top} -> {snapped} (while the workload's point runs)",
-                kind.name()
-            ),
-            config: cfg,
-            expected_improvement: None,
-        })
-    })
 }
 
 /// The number of model-guided trials in `history` (those after the baselines, the warm start

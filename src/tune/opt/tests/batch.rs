@@ -224,3 +224,66 @@ fn tpe_lies_as_the_worst_trial_and_the_gp_believes_its_model_at_the_running_poin
         .unwrap();
     assert_ne!(elsewhere.config, next.config, "{elsewhere:?} {next:?}");
 }
+
+/// Distance between two configurations of the toy space in unit coordinates.
+fn apart(a: &Config, b: &Config) -> f64 {
+    let s = toy();
+    let (a, b) = (
+        crate::tune::encode::encode(&s, a),
+        crate::tune::encode::encode(&s, b),
+    );
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| crate::tune::encode::coord_distance(*x, *y).powi(2))
+        .sum::<f64>()
+        .sqrt()
+}
+
+#[test]
+fn with_nothing_feasible_yet_the_slots_past_the_design_spread_out_over_the_space() {
+    use rand::SeedableRng;
+    for kind in [Algorithm::Tpe, Algorithm::Gp] {
+        // No cap, so no ladder: past the defaults and the design, a space fill per slot.
+        let plan = Plan::budget(12);
+        let n = startup_trials(kind, &toy(), &plan, 0);
+        let mut opt = make(kind, &toy(), 3, &plan);
+        let ps = batch(&mut opt, &[], 1 + n + 4);
+        let fills = &ps[1 + n..];
+        assert!(
+            fills.iter().all(|p| p.note.contains("space fill")),
+            "{}: {ps:?}",
+            kind.name()
+        );
+        // Each lies farther from every trial before it than nine random points in ten would.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for (i, p) in fills.iter().enumerate() {
+            let before: Vec<&Config> = ps[..1 + n + i].iter().map(|q| &q.config).collect();
+            let nearest = |c: &Config| {
+                before
+                    .iter()
+                    .map(|b| apart(c, b))
+                    .fold(f64::INFINITY, f64::min)
+            };
+            let mut random: Vec<f64> = (0..200)
+                .map(|_| nearest(&toy().sample(&mut rng).unwrap()))
+                .collect();
+            random.sort_by(f64::total_cmp);
+            assert!(
+                nearest(&p.config) >= random[180],
+                "{} fill {i}: {:.3} from the nearest trial, random points' 90th percentile {:.3}",
+                kind.name(),
+                nearest(&p.config),
+                random[180]
+            );
+        }
+        // Once a trial has finished feasible, the model proposes again.
+        let done = vec![evaluate(&ps[0].config)];
+        assert!(done[0].value.is_some());
+        let running: Vec<Config> = ps[1..].iter().map(|p| p.config.clone()).collect();
+        let next = opt.propose_batch(&done, &running).unwrap().unwrap();
+        assert!(!next.note.contains("space fill"), "{}", next.note);
+        // With nothing running there is no fill: the sequential study is unchanged.
+        let h = run_with(kind, 3, 1 + n, &plan);
+        assert!(!opt.propose(&h).unwrap().note.contains("space fill"));
+    }
+}

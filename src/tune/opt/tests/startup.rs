@@ -353,40 +353,62 @@ fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_
 }
 
 #[test]
-fn with_parallel_trials_the_memory_edge_follows_the_workloads_point_whenever_it_finishes() {
+fn with_parallel_trials_the_memory_edge_runs_beside_the_workloads_point_and_once() {
     let space = Space::parse(MEMORY, "memory.toml").unwrap();
     let plan = memory_plan(&space, 12);
-    let eval = memory_bound(0.965);
     for kind in [Algorithm::Gp, Algorithm::Tpe] {
         let n = startup_trials(kind, &space, &plan, 0);
         assert!(n >= 3);
+        // Room for the edge. The defaults, the workload's point, its edge (it does not wait
+        // for the point's result) and the rest of the design start at once: the edge takes a
+        // design point's place, as it does sequentially.
+        let eval = memory_bound(0.965);
         let mut opt = make(kind, &space, 0, &plan);
-        // The defaults, the workload's point and the whole design start at once.
         let mut running: Vec<Config> = Vec::new();
+        let mut notes = Vec::new();
         for _ in 0..(1 + n) {
             let p = opt.propose_batch(&[], &running).unwrap().unwrap();
+            notes.push(p.note);
             running.push(p.config);
         }
-        let point = running[1].clone();
-        // Every design point but the last finishes before the workload's point, then it does.
-        let mut history: Vec<Obs> = vec![eval(&running[0])];
-        history.extend(running[2..n].iter().map(&eval));
-        history.push(eval(&point));
-        let still = vec![running[n].clone()];
-        let p = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(notes[1].contains("workload's prior"), "{notes:?}");
         assert!(
-            p.note.contains("memory edge"),
-            "{}: {}",
-            kind.name(),
-            p.note
+            notes[2].contains("memory edge")
+                && notes[2].contains("while the workload's point runs"),
+            "{}: {notes:?}",
+            kind.name()
         );
-        assert_eq!(
-            (num(&p.config, "frac"), num(&p.config, "chunk")),
-            (0.95, 2048.0)
+        let (point, edge) = (running[1].clone(), running[2].clone());
+        assert_eq!((num(&edge, "frac"), num(&edge, "chunk")), (0.95, 2048.0));
+        assert_eq!(edge["other"], point["other"], "only the edge's knobs move");
+        assert!(
+            notes[3..].iter().all(|n| n.contains("start-up design")),
+            "the design after it: {notes:?}"
         );
-        // Once it ran, not again.
-        history.push(eval(&p.config));
+        // The point is read (feasible, the best of its line): its edge is the one that runs,
+        // so no other; nor once the edge has finished.
+        let mut history = vec![eval(&running[0]), eval(&point)];
+        let still: Vec<Config> = running[2..].to_vec();
         let next = opt.propose_batch(&history, &still).unwrap().unwrap();
         assert!(!next.note.contains("memory edge"), "{}", next.note);
+        history.push(eval(&edge));
+        let still: Vec<Config> = running[3..].to_vec();
+        let next = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(!next.note.contains("memory edge"), "{}", next.note);
+
+        // No room for it: the edge is refused while the point still runs, and the next slot
+        // measures half-way back, from the point still.
+        let eval = memory_bound(0.93);
+        let history = vec![eval(&running[0]), eval(&edge)];
+        assert!(history[1].failed);
+        let still: Vec<Config> = [&running[1]]
+            .into_iter()
+            .chain(&running[3..])
+            .cloned()
+            .collect();
+        let mut opt = make(kind, &space, 0, &plan);
+        let half = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(half.note.contains("half-way back"), "{}", half.note);
+        assert!((num(&half.config, "frac") - 0.9125).abs() < 1e-3);
     }
 }
