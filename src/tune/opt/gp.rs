@@ -237,11 +237,31 @@ struct Acquisition<'a> {
     /// The workload's priors and πBO's exponent on them (`prior::exponent`).
     priors: &'a [Option<super::Prior>],
     beta: f64,
+    /// With trials running, the finished trials' own model (`obj` believes the running
+    /// points): what the study's expected improvement is read from (`unbelieved`).
+    finished: Option<Model>,
 }
 
 impl Acquisition<'_> {
+    /// The acquisition (EI × P(feasible) × prior) and the expected improvement at `c`.
     fn value(&self, c: &[Coord]) -> (f64, f64) {
-        let (mu, sd) = self.obj.predict(c);
+        self.value_by(&self.obj, c)
+    }
+
+    /// The expected improvement where the finished trials' own model puts its acquisition's
+    /// best among `cands`: what a sequential study would have proposed there, near enough
+    /// (its search is refined further). None with nothing running (`value` is that).
+    fn unbelieved(&self, cands: &[Vec<Coord>]) -> Option<f64> {
+        let m = self.finished.as_ref()?;
+        cands
+            .iter()
+            .map(|c| self.value_by(m, c))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(_, ei)| ei)
+    }
+
+    fn value_by(&self, obj: &Model, c: &[Coord]) -> (f64, f64) {
+        let (mu, sd) = obj.predict(c);
         let z = (mu - self.best - 0.01) / sd;
         let ei = sd * (z * cdf(z) + pdf(z));
         let pf = match &self.feas {
@@ -473,8 +493,8 @@ impl Gp {
             });
         };
         let (slack_models, feas) = self.feasibility(history, &fitted);
-        let obj = if running.is_empty() {
-            fitted
+        let believing = if running.is_empty() {
+            None
         } else {
             // Each running point at its posterior mean, in the history's standardisation and
             // with its hyper-parameters: the mean surface is the history's; only the variance
@@ -486,10 +506,11 @@ impl Gp {
             // (A kernel matrix that is not positive definite, which the noise term all but
             // rules out, leaves the history's model: the repeat check below still spreads
             // the batch.)
-            match fitted.conditioned(xr, believed, &own) {
-                Some(m) => m,
-                None => fitted,
-            }
+            fitted.conditioned(xr, believed, &own)
+        };
+        let (obj, finished) = match believing {
+            Some(m) => (m, Some(fitted)),
+            None => (fitted, None),
         };
         let best = values
             .iter()
@@ -507,6 +528,7 @@ impl Gp {
                 self.plan.budget,
                 guided(Algorithm::Gp, &self.space, &self.plan, n),
             ),
+            finished,
         };
         let cands = self.candidates(history, &mut rng);
         let Some(start) = cands
@@ -535,10 +557,10 @@ impl Gp {
         let (a, ei) = acq.value(&chosen);
         let config = decode(&self.space, &chosen)?;
         // EI on the log objective, back in the original units: a relative improvement.
-        let rel = if use_log {
-            ei * acq.obj.sd
+        let scale = if use_log {
+            acq.obj.sd
         } else {
-            ei * acq.obj.sd
+            acq.obj.sd
                 / values
                     .iter()
                     .cloned()
@@ -546,13 +568,30 @@ impl Gp {
                     .abs()
                     .max(1e-12)
         };
+        let rel = ei * scale;
+        // With trials running, the study's expected improvement (the convergence rule's) is
+        // the finished trials' own, not this point's with the running ones believed: their
+        // variance gone from the model makes every EI near them small, and a study that read
+        // it would stop while the region it believes in is still being measured.
+        let (expected, note) = match acq.unbelieved(&cands) {
+            Some(alone) => (
+                alone * scale,
+                format!(
+                    "gp: EI {:.2}% by the finished trials; here {:.2}% with {} running believed (× P(feasible) × prior = {a:.3})",
+                    100.0 * alone * scale,
+                    100.0 * rel,
+                    running.len()
+                ),
+            ),
+            None => (
+                rel,
+                format!("gp: EI {:.2}% (× P(feasible) × prior = {a:.3})", 100.0 * rel),
+            ),
+        };
         Ok(Proposal {
             config,
-            note: format!(
-                "gp: EI {:.2}% (× P(feasible) × prior = {a:.3})",
-                100.0 * rel
-            ),
-            expected_improvement: Some(rel),
+            note,
+            expected_improvement: Some(expected),
         })
     }
 }

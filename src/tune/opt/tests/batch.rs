@@ -287,3 +287,43 @@ fn with_nothing_feasible_yet_the_slots_past_the_design_spread_out_over_the_space
         assert!(!opt.propose(&h).unwrap().note.contains("space fill"));
     }
 }
+
+#[test]
+fn the_gps_expected_improvement_with_trials_running_is_the_finished_trials_own() {
+    // The convergence rule reads a trial's expected improvement. With the best region's
+    // points running and believed, the EI there collapses (to about 0.6 of the sequential
+    // one on this landscape); the study's must not, or a parallel study would stop while
+    // that region is still being measured.
+    for seed in 0..3 {
+        let h = run(Algorithm::Gp, seed, 10);
+        let mut gp = gp::Gp::new(toy(), seed, Plan::budget(20));
+        let alone = gp.propose(&h).unwrap();
+        let ei = alone.expected_improvement.expect("the GP says its EI");
+        // The sequential proposal and its neighbours all run.
+        let mut running = vec![alone.config.clone()];
+        for dx in [-0.04, -0.02, 0.02, 0.04] {
+            let mut c = alone.config.clone();
+            let x = (num(&c, "x") + dx).clamp(0.0, 1.0);
+            c.insert("x".into(), Value::Float(x));
+            running.push(c);
+        }
+        let next = gp.propose_batch(&h, &running).unwrap().unwrap();
+        let here: f64 = next
+            .note
+            .split("here ")
+            .nth(1)
+            .and_then(|t| t.split('%').next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("seed {seed}: {}", next.note));
+        let said = next.expected_improvement.unwrap();
+        assert!(
+            said >= 0.8 * ei,
+            "seed {seed}: {said} against {ei} alone ({})",
+            next.note
+        );
+        assert!(
+            said * 100.0 >= here,
+            "seed {seed}: the believed EI {here}% above the finished trials' {said}"
+        );
+    }
+}
