@@ -383,12 +383,24 @@ impl Telemetry {
 
     /// Starts sampling every GPU every `every` until the sampler is stopped.
     pub fn sample(&self, every: Duration) -> Sampler {
+        self.sample_on(every, None)
+    }
+
+    /// `sample` on the GPUs in `gpus` only (`None`: every GPU): a parallel trial's memory,
+    /// power and energy are its own GPUs', the others being other trials'.
+    pub fn sample_on(&self, every: Duration, gpus: Option<&[u32]>) -> Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let acc = Arc::new(Mutex::new(Acc::default()));
+        let only: Option<Vec<u32>> = gpus.map(<[u32]>::to_vec);
         let handle = self.source.clone().map(|s| {
             let (stop, acc) = (stop.clone(), acc.clone());
             std::thread::spawn(move || {
-                let gpus: Vec<u32> = s.gpus().iter().map(|g| g.index).collect();
+                let gpus: Vec<u32> = s
+                    .gpus()
+                    .iter()
+                    .map(|g| g.index)
+                    .filter(|g| only.as_ref().is_none_or(|o| o.contains(g)))
+                    .collect();
                 let first: Vec<Option<u64>> = gpus
                     .iter()
                     .map(|g| s.read(*g).and_then(|r| r.energy_mj))

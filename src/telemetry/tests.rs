@@ -209,3 +209,51 @@ fn a_placed_trial_looks_for_foreign_processes_on_its_own_gpus_only() {
     assert!(t.check_no_foreign_on(&[], Some(&[5])).is_err());
     assert!(t.check_no_foreign_on(&[], None).is_err());
 }
+
+/// Four GPUs, GPU i drawing (i + 1) × 100 W and holding i + 1 GiB.
+struct Four;
+
+impl GpuSource for Four {
+    fn gpus(&self) -> Vec<GpuInfo> {
+        (0..4)
+            .map(|i| GpuInfo {
+                index: i,
+                name: "NVIDIA H100".into(),
+                uuid: format!("GPU-{i}"),
+                memory_total_bytes: 80 << 30,
+            })
+            .collect()
+    }
+    fn read(&self, gpu: u32) -> Option<Reading> {
+        Some(Reading {
+            memory_used_bytes: (gpu as u64 + 1) << 30,
+            util_pct: 50,
+            power_mw: (gpu as u32 + 1) * 100_000,
+            energy_mj: None,
+        })
+    }
+    fn processes(&self) -> Vec<GpuProcess> {
+        Vec::new()
+    }
+    fn driver_version(&self) -> Option<String> {
+        None
+    }
+    fn cuda_version(&self) -> Option<String> {
+        None
+    }
+}
+
+#[test]
+fn a_slots_sampling_reads_its_own_gpus_only() {
+    let t = Telemetry::with_source(Arc::new(Four));
+    let mine = t.sample_on(Duration::from_millis(10), Some(&[1, 2]));
+    let all = t.sample(Duration::from_millis(10));
+    std::thread::sleep(Duration::from_millis(100));
+    let (mine, all) = (mine.finish().unwrap(), all.finish().unwrap());
+    assert!((mine.mean_power_w - 500.0).abs() < 1e-9, "{mine:?}");
+    assert_eq!(mine.max_memory_used_bytes, 5 << 30);
+    assert!((all.mean_power_w - 1000.0).abs() < 1e-9, "{all:?}");
+    assert_eq!(all.max_memory_used_bytes, 10 << 30);
+    // About 500 W over the window, integrated.
+    assert!(mine.energy_j > 0.0 && mine.energy_j < all.energy_j);
+}

@@ -445,7 +445,18 @@ impl Evaluator for EngineEvaluator {
             engine,
             startup_s: t0.elapsed().as_secs_f64(),
         };
-        self.sampler = Some(self.launcher.telemetry.sample(Duration::from_millis(500)));
+        // On a slot, its own GPUs (the others are other trials').
+        let mine = self
+            .launcher
+            .placement
+            .as_ref()
+            .filter(|p| !p.gpus.is_empty())
+            .map(|p| p.gpus.as_slice());
+        self.sampler = Some(
+            self.launcher
+                .telemetry
+                .sample_on(Duration::from_millis(500), mine),
+        );
         if let Ok(mut ours) = self.ours.lock() {
             ours.push(te.ready.process.pgid());
         }
