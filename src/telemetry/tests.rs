@@ -228,7 +228,7 @@ impl GpuSource for Four {
         Some(Reading {
             memory_used_bytes: (gpu as u64 + 1) << 30,
             util_pct: 50,
-            power_mw: (gpu as u32 + 1) * 100_000,
+            power_mw: (gpu + 1) * 100_000,
             energy_mj: None,
         })
     }

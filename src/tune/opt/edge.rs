@@ -17,7 +17,7 @@
 //! place of 5.7×.
 
 use super::prior::Prior;
-use super::{Algorithm, Obs, Plan, Proposal};
+use super::{Algorithm, Obs, Plan, Proposal, Search};
 use crate::space::prior::Edge;
 use crate::space::{Config, Param, Space, Value};
 use crate::tune::encode::{coord_of, from_unit, Coord};
@@ -65,19 +65,17 @@ fn toward_edge(
     (cfg != *base).then_some(cfg)
 }
 
-/// The edge's proposal, if it is due: `searched` and `plan` are the space the start-up
-/// searches and its plan, `space` the whole space (the configurations' own), `point` the
-/// workload's point (the start-up's first), `tried` the history since the start-up began,
+/// The edge's proposal, if it is due: `search` holds the space the start-up searches, its
+/// plan and the workload's point (the start-up's first), `space` is the whole space (the
+/// configurations' own), `tried` the history since the start-up began,
 /// `left` whether a start-up slot is left, `runs` whether the workload's point runs now
 /// (parallel trials). The base is the best feasible run among the workload's point and its
 /// back-offs (the trials that differ from the point at most in the batch cap); with none, the
 /// point itself while it runs; else no edge.
 pub(super) fn propose(
     kind: &Algorithm,
-    searched: &Space,
-    plan: &Plan,
+    search: &Search,
     space: &Space,
-    point: &Config,
     tried: &[Obs],
     left: bool,
     runs: bool,
@@ -85,6 +83,8 @@ pub(super) fn propose(
     if (tried.is_empty() && !runs) || !left {
         return None;
     }
+    let (searched, plan) = (&search.space, &search.plan);
+    let (point, _) = search.startup.first()?;
     let knobs = knobs(searched, plan);
     if !knobs.iter().any(|(_, e, _)| *e == Edge::High) {
         return None;

@@ -451,6 +451,25 @@ impl Optimizer for Gp {
 }
 
 impl Gp {
+    /// The model to propose with, and the finished trials' own beside it when trials run:
+    /// `fitted` conditioned on each running point at its posterior mean, in the history's
+    /// standardisation and with its hyper-parameters (the mean surface is the history's; only
+    /// the variance falls at and near the running points). With nothing running, or a kernel
+    /// matrix that is not positive definite (which the noise term all but rules out; the
+    /// repeat check still spreads the batch), `fitted` alone.
+    fn believe(&self, fitted: Model, y: &[f64], running: &[Config]) -> (Model, Option<Model>) {
+        if running.is_empty() {
+            return (fitted, None);
+        }
+        let xr: Vec<Vec<Coord>> = running.iter().map(|c| encode(&self.space, c)).collect();
+        let believed: Vec<f64> = xr.iter().map(|c| fitted.predict(c).0).collect();
+        let own: Vec<f64> = y.iter().map(|v| (v - fitted.mean) / fitted.sd).collect();
+        match fitted.conditioned(xr, believed, &own) {
+            Some(m) => (m, Some(fitted)),
+            None => (fitted, None),
+        }
+    }
+
     /// The proposal after `history` with `running` believed at the model's mean (none: the
     /// sequential proposal). The random streams are numbered by finished plus running trials,
     /// so that each proposal of a batch has its own.
@@ -493,25 +512,9 @@ impl Gp {
             });
         };
         let (slack_models, feas) = self.feasibility(history, &fitted);
-        let believing = if running.is_empty() {
-            None
-        } else {
-            // Each running point at its posterior mean, in the history's standardisation and
-            // with its hyper-parameters: the mean surface is the history's; only the variance
-            // falls at and near the running points. `best` below stays the best finished
-            // feasible value: a believed value is no result (and may turn out infeasible).
-            let xr: Vec<Vec<Coord>> = running.iter().map(|c| encode(&self.space, c)).collect();
-            let believed: Vec<f64> = xr.iter().map(|c| fitted.predict(c).0).collect();
-            let own: Vec<f64> = y.iter().map(|v| (v - fitted.mean) / fitted.sd).collect();
-            // (A kernel matrix that is not positive definite, which the noise term all but
-            // rules out, leaves the history's model: the repeat check below still spreads
-            // the batch.)
-            fitted.conditioned(xr, believed, &own)
-        };
-        let (obj, finished) = match believing {
-            Some(m) => (m, Some(fitted)),
-            None => (fitted, None),
-        };
+        let (obj, finished) = self.believe(fitted, &y, running);
+        // The best finished feasible value: a believed value is no result (and may turn out
+        // infeasible).
         let best = values
             .iter()
             .map(|v| (tr(*v) - obj.mean) / obj.sd)

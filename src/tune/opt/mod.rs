@@ -496,10 +496,8 @@ impl WithBaselines {
             let tried: Vec<Obs> = line.iter().chain(&rest).cloned().collect();
             if let Some(p) = edge::propose(
                 &self.kind,
-                &search.space,
-                &search.plan,
+                search,
                 &self.space,
-                point,
                 &tried,
                 left,
                 running.contains(point),
