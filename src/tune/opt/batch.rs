@@ -4,7 +4,7 @@
 //! one-slot study is the sequential one.
 //!
 //! - The back-off's **bracket**: while the back-off's step runs, the cap a few percent either
-//!   side of it (`BRACKET`, read by `WithBaselines::next`).
+//!   side of it (its factors, `BRACKET`; `WithBaselines::next` proposes them).
 //! - The **batch ladder**: while the workload's point runs and nothing has finished feasible,
 //!   the point with its batch cap lowered by steps of √2 (`ladder`).
 //! - The **space fill**: while nothing has finished feasible, once the ladder is spent or where
@@ -79,7 +79,8 @@ pub(super) fn ladder(
 /// spread out over the space instead of landing where the model, having nothing feasible to
 /// fit, would draw at random (and, under a misleading prior, where the prior-shaped design
 /// already went). The draws' stream is numbered by finished plus running trials, so each
-/// proposal of a batch has its own. None when no draw is valid.
+/// proposal of a batch has its own. A draw that ran or runs is passed over; None when no
+/// draw is left (a space that small is the model's: `guided_proposal`).
 ///
 /// Measured on `search-bench --parallel` (8 slots, 10 seeds): under a misleading prior, 1.61×
 /// the one-slot trials to 2% in place of 1.96× with random draws, and 3.88× faster in place
@@ -94,6 +95,7 @@ pub(super) fn fill(
     history: &[Obs],
     running: &[Config],
 ) -> Option<Proposal> {
+    let ran = |c: &Config| running.contains(c) || history.iter().any(|h| &h.config == c);
     let space = &search.space;
     let at = |c: &Config| complete(space, &encode(space, c));
     let taken: Vec<Vec<Coord>> = history
@@ -116,7 +118,7 @@ pub(super) fn fill(
         let Ok(mut cfg) = decode(space, &coords) else {
             continue;
         };
-        if oat::fill(whole, &search.frozen, &mut cfg).is_err() {
+        if oat::fill(whole, &search.frozen, &mut cfg).is_err() || ran(&cfg) {
             continue;
         }
         let c = at(&cfg);

@@ -104,8 +104,17 @@ pub(super) fn propose(
     };
     // Up to the cap: with parallel trials a later back-off of the line may become the base,
     // and the edge moved from it is the same edge (sequentially the base cannot change after
-    // the edge ran: no back-off follows a point off the line).
-    let ran = |c: &Config| tried.iter().find(|o| super::on_line(c, cap, &o.config));
+    // the edge ran: no back-off follows a point off the line); but not an edge that missed a
+    // limit at another cap (taken from the point while it ran, which missed it too): the
+    // edge at the feasible base's cap is still to measure.
+    let ran = |c: &Config| {
+        tried.iter().find(|o| {
+            super::on_line(c, cap, &o.config)
+                && (o.value.is_some()
+                    || o.failed
+                    || cap.is_none_or(|k| o.config.get(k) == c.get(k)))
+        })
+    };
     let full = toward_edge(space, &knobs, base, 1.0)?;
     let (cfg, why) = match ran(&full) {
         None => (full, "the KV cache gets what the workload does not need"),

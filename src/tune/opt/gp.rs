@@ -249,8 +249,10 @@ impl Acquisition<'_> {
     }
 
     /// The expected improvement where the finished trials' own model puts its acquisition's
-    /// best among `cands`: what a sequential study would have proposed there, near enough
-    /// (its search is refined further). None with nothing running (`value` is that).
+    /// best among `cands`: what a sequential study would have reported there, a little below
+    /// it (no annealing refines the point, the candidates are this proposal's, and the
+    /// prior's exponent counts the running trials as guided). None with nothing running
+    /// (`value` is that).
     fn unbelieved(&self, cands: &[Vec<Coord>]) -> Option<f64> {
         let m = self.finished.as_ref()?;
         cands

@@ -404,9 +404,11 @@ impl Optimizer for WithBaselines {
     /// Parallel trials. Every stage passes over a configuration that has run or still runs,
     /// and the start-up design counts the running trials in its position, so K proposals in a
     /// row take K different points; the stages that read a result (the importance phase's
-    /// assessment, the back-off, the memory edge) read finished trials only, and the phase
-    /// waits while one of its moves runs. The model-guided stage fantasises the running
-    /// trials' results (`fantasised`).
+    /// assessment, the back-off, the memory edge's base) read finished trials only, and the
+    /// phase waits while one of its moves runs; where a sequential study would wait, a free
+    /// slot takes a parallel stage (`batch`, and the memory edge from the workload's point
+    /// while it runs). The model-guided stage fantasises the running trials' results
+    /// (`fantasised`).
     fn propose_batch(
         &mut self,
         history: &[Obs],
@@ -489,9 +491,10 @@ impl WithBaselines {
             }
         }
         if let Some((point, _)) = search.startup.first() {
-            // The edge is due, sequentially, in a start-up slot; with trials running whenever
-            // its base has finished (it runs once, and once more half-way back, whatever the
-            // base's cap; nor while one runs).
+            // The edge is due, sequentially, in a start-up slot; with trials running from the
+            // workload's point while it runs, then whenever a better base has finished (it
+            // runs once, and once more half-way back, whatever the base's cap, unless it
+            // missed a limit at another cap; nor while one runs).
             let left = !running.is_empty() || tried.len() < search.startup.len();
             let tried: Vec<Obs> = line.iter().chain(&rest).cloned().collect();
             if let Some(p) = edge::propose(

@@ -315,9 +315,9 @@ fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_
             c.insert("y".into(), Value::Int(16));
             assert_eq!(c, point, "a ladder step moves the cap alone");
         }
-        // The ladder spent, the model proposes (nothing feasible yet: elsewhere).
+        // The ladder spent, nothing feasible yet: the space fill, elsewhere.
         let p = opt.propose_batch(&[], &running).unwrap().unwrap();
-        assert!(!p.note.contains("batch ladder"), "{}", p.note);
+        assert!(p.note.contains("space fill"), "{}", p.note);
         assert!(!running.contains(&p.config));
         // The workload's point finishes over its limit while the rest still run: the next
         // slot gets the back-off it implies (16 -> 12, as a sequential study's).
@@ -349,6 +349,63 @@ fn parallel_slots_spend_the_wait_for_the_workloads_point_on_a_ladder_of_its_cap_
         let p = opt.propose_batch(&history, &still).unwrap().unwrap();
         assert!(!p.note.contains("back-off"), "{}", p.note);
         assert!(!p.note.contains("batch ladder"), "{}", p.note);
+    }
+}
+
+#[test]
+fn an_edge_taken_beside_a_point_that_misses_its_limit_does_not_stand_for_the_feasible_bases() {
+    let space = Space::parse(MEMORY, "memory.toml").unwrap();
+    // `other` as the batch cap: a lower one is the back-off.
+    let plan = Plan {
+        cap: Some("other".into()),
+        ..memory_plan(&space, 12)
+    };
+    let eval = memory_bound(0.965);
+    let missed = |c: &Config| Obs {
+        value: None,
+        failed: false,
+        slack: vec![Some(0.2)],
+        ..eval(c)
+    };
+    for kind in [Algorithm::Gp, Algorithm::Tpe] {
+        let n = startup_trials(kind, &space, &plan, 0);
+        let mut opt = make(kind, &space, 0, &plan);
+        let mut running: Vec<Config> = Vec::new();
+        for _ in 0..(1 + n) {
+            let p = opt.propose_batch(&[], &running).unwrap().unwrap();
+            running.push(p.config);
+        }
+        let (point, edge) = (running[1].clone(), running[2].clone());
+        assert_eq!(num(&edge, "frac"), 0.95, "the edge ran beside the point");
+        // The point and its edge both miss the latency limit; a back-off of the point fits.
+        let mut base = point.clone();
+        base.insert("other".into(), Value::Int(num(&point, "other") as i64 - 1));
+        let history = vec![
+            eval(&running[0]),
+            missed(&point),
+            missed(&edge),
+            eval(&base),
+        ];
+        let still = vec![running[3].clone()];
+        let p = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(
+            p.note.contains("memory edge"),
+            "{}: {}",
+            kind.name(),
+            p.note
+        );
+        let mut want = edge.clone();
+        want.insert("other".into(), base["other"].clone());
+        assert_eq!(p.config, want, "the edge at the feasible base's cap");
+        // An edge that ran feasible at another cap is the same edge: not again.
+        let history = vec![eval(&running[0]), eval(&point), eval(&edge), eval(&base)];
+        let p = opt.propose_batch(&history, &still).unwrap().unwrap();
+        assert!(
+            !p.note.contains("memory edge"),
+            "{}: {}",
+            kind.name(),
+            p.note
+        );
     }
 }
 
