@@ -124,7 +124,8 @@ fn without_a_driver_everything_is_off_and_the_cpu_is_the_fingerprint() {
     let _ = Telemetry::detect().fingerprint();
 }
 
-/// Four GPUs: 0-1 and 2-3 on NVLink, the pairs under one PCIe switch, GPU 3 unknown to 0.
+/// Four GPUs: 0-1 and 2-3 on NVLink, the pairs under one PCIe switch, GPU 3 unknown to 0;
+/// GPU i draws (i + 1) × 100 W and holds i + 1 GiB, with no energy counter.
 struct Topo;
 
 impl GpuSource for Topo {
@@ -138,8 +139,13 @@ impl GpuSource for Topo {
             })
             .collect()
     }
-    fn read(&self, _gpu: u32) -> Option<Reading> {
-        None
+    fn read(&self, gpu: u32) -> Option<Reading> {
+        Some(Reading {
+            memory_used_bytes: (gpu as u64 + 1) << 30,
+            util_pct: 50,
+            power_mw: (gpu + 1) * 100_000,
+            energy_mj: None,
+        })
     }
     fn processes(&self) -> Vec<GpuProcess> {
         Vec::new()
@@ -210,42 +216,9 @@ fn a_placed_trial_looks_for_foreign_processes_on_its_own_gpus_only() {
     assert!(t.check_no_foreign_on(&[], None).is_err());
 }
 
-/// Four GPUs, GPU i drawing (i + 1) × 100 W and holding i + 1 GiB.
-struct Four;
-
-impl GpuSource for Four {
-    fn gpus(&self) -> Vec<GpuInfo> {
-        (0..4)
-            .map(|i| GpuInfo {
-                index: i,
-                name: "NVIDIA H100".into(),
-                uuid: format!("GPU-{i}"),
-                memory_total_bytes: 80 << 30,
-            })
-            .collect()
-    }
-    fn read(&self, gpu: u32) -> Option<Reading> {
-        Some(Reading {
-            memory_used_bytes: (gpu as u64 + 1) << 30,
-            util_pct: 50,
-            power_mw: (gpu + 1) * 100_000,
-            energy_mj: None,
-        })
-    }
-    fn processes(&self) -> Vec<GpuProcess> {
-        Vec::new()
-    }
-    fn driver_version(&self) -> Option<String> {
-        None
-    }
-    fn cuda_version(&self) -> Option<String> {
-        None
-    }
-}
-
 #[test]
 fn a_slots_sampling_reads_its_own_gpus_only() {
-    let t = Telemetry::with_source(Arc::new(Four));
+    let t = Telemetry::with_source(Arc::new(Topo));
     let mine = t.sample_on(Duration::from_millis(10), Some(&[1, 2]));
     let all = t.sample(Duration::from_millis(10));
     std::thread::sleep(Duration::from_millis(100));

@@ -79,7 +79,7 @@ pub(super) fn ladder(
 /// spread out over the space instead of landing where the model, having nothing feasible to
 /// fit, would draw at random (and, under a misleading prior, where the prior-shaped design
 /// already went). The draws' stream is numbered by finished plus running trials, so each
-/// proposal of a batch has its own. A draw that ran or runs is passed over; None when no
+/// proposal of a batch has its own. A draw that ran or runs (`ran`) is passed over; None when no
 /// draw is left (a space that small is the model's: `guided_proposal`).
 ///
 /// Measured on `search-bench --parallel` (8 slots, 10 seeds): under a misleading prior, 1.61×
@@ -94,8 +94,8 @@ pub(super) fn fill(
     seed: u64,
     history: &[Obs],
     running: &[Config],
+    ran: &dyn Fn(&Config) -> bool,
 ) -> Option<Proposal> {
-    let ran = |c: &Config| running.contains(c) || history.iter().any(|h| &h.config == c);
     let space = &search.space;
     let at = |c: &Config| complete(space, &encode(space, c));
     let taken: Vec<Vec<Coord>> = history

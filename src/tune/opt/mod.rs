@@ -524,9 +524,15 @@ impl WithBaselines {
             if let Some(p) = batch::ladder(self.kind, &self.space, search, &taken) {
                 return Ok(Some(p));
             }
-            if let Some(p) =
-                batch::fill(self.kind, &self.space, search, self.seed, history, running)
-            {
+            if let Some(p) = batch::fill(
+                self.kind,
+                &self.space,
+                search,
+                self.seed,
+                history,
+                running,
+                &taken,
+            ) {
                 return Ok(Some(p));
             }
         }
