@@ -1111,7 +1111,28 @@ async fn the_status_shows_every_running_trial_of_a_parallel_study_with_its_slot(
     let (code, _, html) = api.text("/").await;
     assert_eq!(code, 200);
     assert!(html.contains(", on gpu "), "{html}");
-    api.wait_state(&id, "done").await;
+    // Every snapshot until the study ends: a search trial shown running has its slot (one
+    // that waits for a slot is not shown; CI once caught a proposed trial between its proposal
+    // and its placement).
+    let t0 = Instant::now();
+    let mut seen = 0;
+    while api.state_of(&id).await != "done" {
+        let (_, st) = api.get("/v1/status").await;
+        for t in st["current"]["running"].as_array().into_iter().flatten() {
+            if t["kind"] == "search" {
+                assert!(
+                    t["slot"].is_string(),
+                    "a running trial without its slot: {st}"
+                );
+                seen += 1;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "study {id} never done"
+        );
+    }
+    assert!(seen > 0, "no running search trial seen after the first two");
     h.stop().await.unwrap();
 }
 

@@ -106,7 +106,8 @@ impl<E: Evaluator> Runner<E> {
                     Some(t) => t,
                     None => match self.next_parallel(rec)? {
                         Next::Trial(t) => {
-                            self.put_trial(&t)?;
+                            // Stored once it has its slot: until then it waits, and the
+                            // status shows only what runs.
                             stop_reason = None;
                             *t
                         }
@@ -163,7 +164,8 @@ impl<E: Evaluator> Runner<E> {
             }
         }
         if let Some(mut t) = head {
-            // Stored running but never started: a resume runs it without counting a kill.
+            // Proposed (or resumed) but never started: stored running, so a resume runs it
+            // without counting a kill.
             t.stopped += 1;
             self.put_trial(&t)?;
         }
