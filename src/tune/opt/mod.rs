@@ -517,14 +517,21 @@ impl WithBaselines {
                 expected_improvement: None,
             }));
         }
-        if model_based(self.kind)
-            && !running.is_empty()
-            && history.iter().all(|o| o.value.is_none())
-        {
+        // With trials running, the model waits for the evidence a sequential study's has at
+        // its first proposal (the baselines, the warm start, the phase and the design,
+        // finished) and for a feasible result; until then the ladder, then the space fill.
+        let none_feasible = history.iter().all(|o| o.value.is_none());
+        let first_read = before + search.startup.len();
+        if model_based(self.kind) && !running.is_empty() && none_feasible {
             if let Some(p) = batch::ladder(self.kind, &self.space, search, &taken) {
                 return Ok(Some(p));
             }
-            if let Some(p) = batch::fill(
+        }
+        if model_based(self.kind)
+            && !running.is_empty()
+            && (none_feasible || history.len() < first_read)
+        {
+            if let Some(mut p) = batch::fill(
                 self.kind,
                 &self.space,
                 search,
@@ -533,6 +540,15 @@ impl WithBaselines {
                 running,
                 &taken,
             ) {
+                p.note = if none_feasible {
+                    format!("{}; nothing feasible yet", p.note)
+                } else {
+                    format!(
+                        "{}; the model reads {first_read} finished trials, {} so far",
+                        p.note,
+                        history.len()
+                    )
+                };
                 return Ok(Some(p));
             }
         }

@@ -276,12 +276,24 @@ fn with_nothing_feasible_yet_the_slots_past_the_design_spread_out_over_the_space
                 random[180]
             );
         }
-        // Once a trial has finished feasible, the model proposes again.
-        let done = vec![evaluate(&ps[0].config)];
+        // The model proposes again once a trial has finished feasible and as many have
+        // finished as the sequential model reads at its first proposal (the defaults and the
+        // design); one fewer, and the slot still fills.
+        let done: Vec<Obs> = ps[..1 + n].iter().map(|p| evaluate(&p.config)).collect();
         assert!(done[0].value.is_some());
-        let running: Vec<Config> = ps[1..].iter().map(|p| p.config.clone()).collect();
+        let running: Vec<Config> = ps[1 + n..].iter().map(|p| p.config.clone()).collect();
         let next = opt.propose_batch(&done, &running).unwrap().unwrap();
         assert!(!next.note.contains("space fill"), "{}", next.note);
+        let running: Vec<Config> = ps[n..].iter().map(|p| p.config.clone()).collect();
+        let early = opt.propose_batch(&done[..n], &running).unwrap().unwrap();
+        assert!(
+            early.note.contains("space fill")
+                && early
+                    .note
+                    .contains(&format!("the model reads {} finished trials", 1 + n)),
+            "{}",
+            early.note
+        );
         // With nothing running there is no fill, nothing feasible though: the sequential
         // study is unchanged.
         let crashed: Vec<Obs> = ps[..1 + n]
