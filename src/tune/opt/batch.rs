@@ -7,10 +7,9 @@
 //!   side of it (its factors, `BRACKET`; `WithBaselines::next` proposes them).
 //! - The **batch ladder**: while the workload's point runs and nothing has finished feasible,
 //!   the point with its batch cap lowered by steps of √2 (`ladder`).
-//! - The **space fill**: while nothing has finished feasible (once the ladder is spent or where
-//!   the study has no cap), or fewer trials have finished than a sequential study's model
-//!   reads at its first proposal (the baselines, the warm start, the phase and the design),
-//!   the point farthest from every trial that ran or runs (`fill`).
+//! - The **space fill**: while fewer than two trials have finished feasible (`MODEL_READS`;
+//!   with none, once the ladder is spent or where the study has no cap), the point farthest
+//!   from every trial that ran or runs (`fill`).
 //!
 //! (The memory edge's parallel form, taken from the workload's point while it still runs, is
 //! in `edge`.)
@@ -30,6 +29,11 @@ pub(super) const BRACKET: [f64; 5] = [1.0, 1.035, 0.965, 1.07, 0.93];
 /// The most points of the batch ladder (`ladder`): caps down to a quarter of the
 /// workload's.
 pub(super) const LADDER_STEPS: usize = 4;
+
+/// The feasible results the model waits for while trials run (a sequential study's model
+/// proposes from the first): fitted on one, it has no second feasible reading to compare, and
+/// under a misleading prior it sent the slots back to the prior's corners (see `fill`).
+pub(super) const MODEL_READS: usize = 2;
 
 /// Random candidates the space fill picks the farthest of.
 const FILL_CANDIDATES: usize = 256;
@@ -74,9 +78,9 @@ pub(super) fn ladder(
     })
 }
 
-/// A free slot's proposal while trials run, once the start-up design and the ladder are
-/// spent, and either none has finished feasible or fewer have finished than the sequential
-/// model's first proposal reads: the configuration farthest (Euclidean, in unit
+/// A free slot's proposal while trials run and fewer than `MODEL_READS` have finished
+/// feasible, once the start-up design (and, with none feasible, the ladder) is spent: the
+/// configuration farthest (Euclidean, in unit
 /// coordinates; a categorical one differs by 0 or 1) from every trial that ran or runs, the
 /// best of `FILL_CANDIDATES` uniform draws, so the slots a sequential study would not have
 /// spread out over the space instead of landing where the model, having nothing feasible to
@@ -87,12 +91,13 @@ pub(super) fn ladder(
 ///
 /// Measured on `search-bench --parallel` (8 slots, 10 seeds): under a misleading prior, 1.61×
 /// the one-slot trials to 2% in place of 1.96× with random draws, and 3.88× faster in place
-/// of 3.54×; filling also while the finished trials are fewer than the sequential model's
-/// first read, where the model fitted on two or three of them proposed the prior's corners
-/// again, 1.43× (4.07× faster; 20 seeds 1.48×, against 1.61×). Tried and worse there:
-/// waiting for a feasible result instead of filling (1.83× the trials, 20 seeds), a fill kept
-/// half a spacing off the faces (1.87×), MaxPro's projection criterion in place of the
-/// distance (more trials), dropping a prior the incumbent lies outside (1.67×, 20 seeds).
+/// of 3.54×; filling also while only one has finished feasible, 1.48× (4.02× faster; 20 seeds
+/// 1.48× and 4.10×), the other landscapes unchanged but 6p (8.81× in place of 9.06×, within
+/// 2% on 9 seeds of 10, not 10). Tried and worse there: waiting for a feasible result instead
+/// of filling (1.83× the trials, 20 seeds), a fill kept half a spacing off the faces (1.87×),
+/// MaxPro's projection criterion in place of the distance (more trials), dropping a prior the
+/// incumbent lies outside (1.67×, 20 seeds), filling until as many trials have finished as
+/// the sequential model first reads (1.43×, but SGLang 10p fell to 3.18× at 4 slots).
 pub(super) fn fill(
     kind: Algorithm,
     whole: &Space,

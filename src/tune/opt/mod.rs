@@ -517,20 +517,17 @@ impl WithBaselines {
                 expected_improvement: None,
             }));
         }
-        // With trials running, the model waits for the evidence a sequential study's has at
-        // its first proposal (the baselines, the warm start, the phase and the design,
-        // finished) and for a feasible result; until then the ladder, then the space fill.
-        let none_feasible = history.iter().all(|o| o.value.is_none());
-        let first_read = before + search.startup.len();
-        if model_based(self.kind) && !running.is_empty() && none_feasible {
+        // With trials running, the model proposes once two trials have finished feasible:
+        // fitted on one, it has no second feasible reading to set its scale by and proposed
+        // the prior's corners again under a misleading prior (`batch::fill`). Until then the
+        // ladder (nothing feasible yet), then the space fill.
+        let feasible = history.iter().filter(|o| o.value.is_some()).count();
+        if model_based(self.kind) && !running.is_empty() && feasible == 0 {
             if let Some(p) = batch::ladder(self.kind, &self.space, search, &taken) {
                 return Ok(Some(p));
             }
         }
-        if model_based(self.kind)
-            && !running.is_empty()
-            && (none_feasible || history.len() < first_read)
-        {
+        if model_based(self.kind) && !running.is_empty() && feasible < batch::MODEL_READS {
             if let Some(mut p) = batch::fill(
                 self.kind,
                 &self.space,
@@ -540,15 +537,11 @@ impl WithBaselines {
                 running,
                 &taken,
             ) {
-                p.note = if none_feasible {
-                    format!("{}; nothing feasible yet", p.note)
-                } else {
-                    format!(
-                        "{}; the model reads {first_read} finished trials, {} so far",
-                        p.note,
-                        history.len()
-                    )
-                };
+                p.note = format!(
+                    "{}; {feasible} feasible so far, the model waits for {}",
+                    p.note,
+                    batch::MODEL_READS
+                );
                 return Ok(Some(p));
             }
         }

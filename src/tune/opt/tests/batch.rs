@@ -276,21 +276,24 @@ fn with_nothing_feasible_yet_the_slots_past_the_design_spread_out_over_the_space
                 random[180]
             );
         }
-        // The model proposes again once a trial has finished feasible and as many have
-        // finished as the sequential model reads at its first proposal (the defaults and the
-        // design); one fewer, and the slot still fills.
+        // The model proposes again once two trials have finished feasible; with one, the
+        // slot still fills.
         let done: Vec<Obs> = ps[..1 + n].iter().map(|p| evaluate(&p.config)).collect();
-        assert!(done[0].value.is_some());
-        let running: Vec<Config> = ps[1 + n..].iter().map(|p| p.config.clone()).collect();
-        let next = opt.propose_batch(&done, &running).unwrap().unwrap();
+        let feasible: Vec<usize> = (0..done.len())
+            .filter(|i| done[*i].value.is_some())
+            .collect();
+        assert!(feasible.len() >= 2, "{done:?}");
+        let upto = feasible[1] + 1;
+        let running: Vec<Config> = ps[upto..].iter().map(|p| p.config.clone()).collect();
+        let next = opt.propose_batch(&done[..upto], &running).unwrap().unwrap();
         assert!(!next.note.contains("space fill"), "{}", next.note);
-        let running: Vec<Config> = ps[n..].iter().map(|p| p.config.clone()).collect();
-        let early = opt.propose_batch(&done[..n], &running).unwrap().unwrap();
+        let running: Vec<Config> = ps[upto - 1..].iter().map(|p| p.config.clone()).collect();
+        let early = opt
+            .propose_batch(&done[..upto - 1], &running)
+            .unwrap()
+            .unwrap();
         assert!(
-            early.note.contains("space fill")
-                && early
-                    .note
-                    .contains(&format!("the model reads {} finished trials", 1 + n)),
+            early.note.contains("space fill") && early.note.contains("1 feasible so far"),
             "{}",
             early.note
         );
