@@ -80,12 +80,12 @@ pub(super) fn ladder(
 
 /// A free slot's proposal while trials run and fewer than `MODEL_READS` have finished
 /// feasible, once the start-up design (and, with none feasible, the ladder) is spent: the
-/// configuration farthest (Euclidean, in unit
-/// coordinates; a categorical one differs by 0 or 1) from every trial that ran or runs, the
-/// best of `FILL_CANDIDATES` uniform draws, so the slots a sequential study would not have
-/// spread out over the space instead of landing where the model, having nothing feasible to
-/// fit, would draw at random (and, under a misleading prior, where the prior-shaped design
-/// already went). The draws' stream is numbered by finished plus running trials, so each
+/// configuration farthest (Euclidean, in unit coordinates; a categorical one differs by zero
+/// or one) from every trial that ran or runs, the best of `FILL_CANDIDATES` uniform draws, so the
+/// slots a sequential study would not have spread out over the space instead of landing where
+/// the model would send them with so little to fit: at random with nothing feasible, and with
+/// one feasible result, under a misleading prior, back where the prior-shaped design already
+/// went. The draws' stream is numbered by finished plus running trials, so each
 /// proposal of a batch has its own. A draw that ran or runs (`ran`) is passed over; None when no
 /// draw is left (a space that small is the model's: `guided_proposal`).
 ///

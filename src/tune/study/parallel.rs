@@ -130,6 +130,8 @@ impl<E: Evaluator> Runner<E> {
                 let ev = idle.pop().expect("checked non-empty");
                 ev.place(Some(&p));
                 t.slot = Some(p);
+                // It starts now, not when it was proposed (it may have waited for GPUs).
+                t.started = unix_now();
                 self.put_trial(&t)?;
                 let finished = self.finished_search(rec)?;
                 let against = self.against(&t, &finished);

@@ -148,8 +148,9 @@ impl<E: Evaluator> Runner<E> {
                     )
                 }
             };
-            self.put_trial(&t)?;
+            // Stored once placed: the status never shows it running without its slot.
             self.place_alone(&mut t);
+            self.put_trial(&t)?;
             self.exec().run_round(&mut t, candidate, workload).await?;
             let label = match &t.kind {
                 TrialKind::Remeasure { round, .. } => format!("re-measure round {}", round + 1),

@@ -240,7 +240,7 @@ fn apart(a: &Config, b: &Config) -> f64 {
 }
 
 #[test]
-fn with_nothing_feasible_yet_the_slots_past_the_design_spread_out_over_the_space() {
+fn until_two_trials_finish_feasible_the_slots_past_the_design_spread_out_over_the_space() {
     use rand::SeedableRng;
     for kind in [Algorithm::Tpe, Algorithm::Gp] {
         // No cap, so no ladder: past the defaults and the design, a space fill per slot.
@@ -297,6 +297,9 @@ fn with_nothing_feasible_yet_the_slots_past_the_design_spread_out_over_the_space
             "{}",
             early.note
         );
+        // Nothing running, the same one feasible result: the sequential model proposes.
+        let seq = opt.propose(&done[..upto - 1]).unwrap();
+        assert!(!seq.note.contains("space fill"), "{}", seq.note);
         // With nothing running there is no fill, nothing feasible though: the sequential
         // study is unchanged.
         let crashed: Vec<Obs> = ps[..1 + n]
