@@ -522,12 +522,12 @@ impl WithBaselines {
         // the prior's corners again under a misleading prior (`batch::fill`). Until then the
         // ladder (nothing feasible yet), then the space fill.
         let feasible = history.iter().filter(|o| o.value.is_some()).count();
-        if model_based(self.kind) && !running.is_empty() && feasible == 0 {
-            if let Some(p) = batch::ladder(self.kind, &self.space, search, &taken) {
-                return Ok(Some(p));
-            }
-        }
         if model_based(self.kind) && !running.is_empty() && feasible < batch::MODEL_READS {
+            if feasible == 0 {
+                if let Some(p) = batch::ladder(self.kind, &self.space, search, &taken) {
+                    return Ok(Some(p));
+                }
+            }
             if let Some(mut p) = batch::fill(
                 self.kind,
                 &self.space,
